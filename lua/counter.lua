@@ -1,0 +1,264 @@
+-- Sliding window counter: decide one hit and record it, atomically.
+--
+-- KEYS[1]  the limiter's counter hash. Field "<k>" holds the units admitted in fixed window k
+--          (k = floor(now / window)); only windows k-1 and k matter, older fields are dropped.
+-- ARGV[1]  limit L: units admitted per window, an integer in 0 .. 2^53-1
+-- ARGV[2]  window W in milliseconds, an integer in 1 .. 2^40
+-- ARGV[3]  cost c: 0 = check only (consume nothing), else the units to consume, 1 .. L+1
+--          (the caller clamps larger costs to L+1: any cost above L is refused the same way)
+-- ARGV[4]  optional decision time in ms since the epoch, for tests; without it the server's
+--          clock (TIME) decides, so the clocks of the tollgate instances do not matter
+--
+-- Reply: { admitted (1|0), remaining, reset_ms, k }
+--   remaining  floor((L*W - scaled_used) / W) after the hit when admitted, before it when not
+--   reset_ms   admitted: time until every counted unit has left the window;
+--              refused: time until the same hit would be admitted if nothing else arrived
+--   k          the fixed window the hit was added to (what a refund names)
+--
+-- The math is the window spec of tollgate, in integers scaled by W: used*W =
+-- prev*(W-e) + curr*W. Those products reach L*W, beyond the 2^53 that a Lua number holds exactly,
+-- so they are computed with the exact helpers below, which stay on plain numbers while a value is
+-- below 2^53 and switch to base-2^24 limbs above it. Every value the script stores or returns is
+-- below 2^53.
+
+if redis.replicate_commands then
+  -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
+  redis.replicate_commands()
+end
+
+local BASE = 16777216 -- 2^24, one limb
+local EXACT = 9007199254740992 -- 2^53, the first integer a Lua number may not hold exactly
+local MARGIN_MS = 5000 -- keys outlive their last useful instant by this much
+
+-- Exact non-negative integers: a Lua number when below 2^53, else a table of limbs, least
+-- significant first, with no leading zero limb.
+local function limbs(a)
+  if type(a) == 'table' then
+    return a
+  end
+  local t = {}
+  repeat
+    local q = math.floor(a / BASE)
+    t[#t + 1] = a - q * BASE
+    a = q
+  until a == 0
+  return t
+end
+
+local function normalize(t)
+  while #t > 1 and t[#t] == 0 do
+    t[#t] = nil
+  end
+  -- three limbs with a top limb below 2^5 are below 2^53: back to a plain number
+  if #t < 3 or (#t == 3 and t[3] < 32) then
+    local n = 0
+    for i = #t, 1, -1 do
+      n = n * BASE + t[i]
+    end
+    return n
+  end
+  return t
+end
+
+local function add(a, b)
+  if type(a) == 'number' and type(b) == 'number' and a + b < EXACT then
+    return a + b
+  end
+  local x, y = limbs(a), limbs(b)
+  local r, carry = {}, 0
+  for i = 1, math.max(#x, #y) do
+    local s = (x[i] or 0) + (y[i] or 0) + carry
+    carry = math.floor(s / BASE)
+    r[i] = s - carry * BASE
+  end
+  if carry > 0 then
+    r[#r + 1] = carry
+  end
+  return normalize(r)
+end
+
+-- a - b, for a >= b
+local function sub(a, b)
+  if type(a) == 'number' and type(b) == 'number' then
+    return a - b
+  end
+  local x, y = limbs(a), limbs(b)
+  local r, borrow = {}, 0
+  for i = 1, #x do
+    local d = x[i] - (y[i] or 0) - borrow
+    if d < 0 then
+      d = d + BASE
+      borrow = 1
+    else
+      borrow = 0
+    end
+    r[i] = d
+  end
+  return normalize(r)
+end
+
+local function mul(a, b)
+  if type(a) == 'number' and type(b) == 'number' and a * b < EXACT then
+    return a * b
+  end
+  local x, y = limbs(a), limbs(b)
+  local r = {}
+  for i = 1, #x + #y do
+    r[i] = 0
+  end
+  for i = 1, #x do
+    local carry = 0
+    for j = 1, #y do
+      -- a limb product is below 2^48, so this sum stays exact
+      local s = r[i + j - 1] + x[i] * y[j] + carry
+      carry = math.floor(s / BASE)
+      r[i + j - 1] = s - carry * BASE
+    end
+    local k = i + #y
+    while carry > 0 do
+      local s = r[k] + carry
+      carry = math.floor(s / BASE)
+      r[k] = s - carry * BASE
+      k = k + 1
+    end
+  end
+  return normalize(r)
+end
+
+-- -1, 0 or 1 as a <, =, > b
+local function cmp(a, b)
+  local an, bn = type(a) == 'number', type(b) == 'number'
+  if an and bn then
+    if a < b then return -1 elseif a > b then return 1 else return 0 end
+  end
+  if an then return -1 end -- a number is below 2^53, a table is not
+  if bn then return 1 end
+  if #a ~= #b then
+    if #a < #b then return -1 else return 1 end
+  end
+  for i = #a, 1, -1 do
+    if a[i] ~= b[i] then
+      if a[i] < b[i] then return -1 else return 1 end
+    end
+  end
+  return 0
+end
+
+local function approx(a)
+  if type(a) == 'number' then
+    return a
+  end
+  local n = 0
+  for i = #a, 1, -1 do
+    n = n * BASE + a[i]
+  end
+  return n
+end
+
+-- floor(a / d) for d >= 1 below 2^53, when the quotient is known to be below 2^53: a floating
+-- estimate, then corrected until q*d <= a < (q+1)*d holds exactly.
+local function div_floor(a, d)
+  local q = math.floor(approx(a) / d)
+  if q >= EXACT then
+    q = EXACT - 1
+  end
+  while q > 0 and cmp(mul(q, d), a) > 0 do
+    q = q - 1
+  end
+  while cmp(mul(q + 1, d), a) <= 0 do
+    q = q + 1
+  end
+  return q
+end
+
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local now
+if ARGV[4] then
+  now = tonumber(ARGV[4])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local k = math.floor(now / window)
+if k * window > now then
+  k = k - 1
+end
+local start = k * window
+local elapsed = now - start
+
+local counts = redis.call('HMGET', key, int(k - 1), int(k))
+local prev = tonumber(counts[1]) or 0
+local curr = tonumber(counts[2]) or 0
+
+local full = mul(limit, window)
+local scaled = add(mul(prev, window - elapsed), mul(curr, window))
+
+local admitted
+if cost == 0 then
+  admitted = cmp(scaled, full) < 0
+elseif cost > limit then
+  admitted = false
+else
+  admitted = cmp(add(scaled, mul(cost, window)), full) <= 0
+end
+
+if admitted and cost > 0 then
+  curr = redis.call('HINCRBY', key, int(k), int(cost))
+  scaled = add(scaled, mul(cost, window))
+  -- window k counts until the end of window k+1
+  redis.call('PEXPIRE', key, int(start + 2 * window - now + MARGIN_MS))
+  if redis.call('HLEN', key) > 2 then
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+      local index = tonumber(field)
+      if index == nil or index < k - 1 then
+        redis.call('HDEL', key, field)
+      end
+    end
+  end
+end
+
+local remaining = 0
+if cmp(scaled, full) < 0 then
+  remaining = div_floor(sub(full, scaled), window)
+end
+
+local reset
+if admitted then
+  if curr > 0 then
+    reset = start + 2 * window - now
+  elseif prev > 0 then
+    reset = start + window - now
+  else
+    reset = 0
+  end
+elseif cost > limit or limit == 0 then
+  reset = window
+else
+  -- the budget the earlier hits may use, scaled by W, for this hit to fit
+  local budget
+  if cost == 0 then
+    budget = sub(full, 1)
+  else
+    budget = sub(full, mul(cost, window))
+  end
+  local curr_scaled = mul(curr, window)
+  if cmp(curr_scaled, budget) <= 0 and prev > 0 then
+    -- fits later in this window, once enough of prev has slid out
+    reset = start + window - div_floor(sub(budget, curr_scaled), prev) - now
+  elseif curr > 0 then
+    -- fits in the next window, once enough of curr has slid out
+    reset = start + 2 * window - div_floor(budget, curr) - now
+  else
+    reset = 0
+  end
+end
+
+return { admitted and 1 or 0, remaining, reset, k }

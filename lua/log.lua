@@ -1,0 +1,151 @@
+-- Sliding window log: decide one hit and record it, atomically.
+--
+-- KEYS[1]  the limiter's log: a sorted set with one member per admitted hit, scored by the hit's
+--          time in ms; the member is "<id>:<cost>", so a hit of cost 100 is one member
+-- KEYS[2]  the log's hash beside it: field "sum" = total cost of the members, field "seq" = the
+--          last entry id handed out
+-- ARGV[1]  limit L: units admitted per window, an integer in 0 .. 2^53-1
+-- ARGV[2]  window W in milliseconds, an integer in 1 .. 2^40
+-- ARGV[3]  cost c: 0 = check only (consume nothing), else the units to consume, 1 .. L+1
+--          (the caller clamps larger costs to L+1: any cost above L is refused the same way)
+-- ARGV[4]  optional decision time in ms since the epoch, for tests; without it the server's
+--          clock (TIME) decides
+--
+-- Reply: { admitted (1|0), remaining, reset_ms, id }
+--   remaining  L - used, after the hit when admitted, before it when not (at least 0)
+--   reset_ms   admitted: time until the newest entry leaves the window (0 when the log is empty);
+--              refused: time until enough of the oldest entries have left for the hit to fit
+--   id         the id of the entry recorded (0 when nothing was recorded); a refund names it
+--
+-- An entry at time x is inside the window at t iff x > t - W. Costs, sums and ids stay below 2^53,
+-- so plain Lua numbers are exact here.
+
+if redis.replicate_commands then
+  -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
+  redis.replicate_commands()
+end
+
+local MARGIN_MS = 5000 -- keys outlive their newest entry by this much
+local SCAN = 64 -- entries read per step when looking for the retry time
+
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+local function cost_of(member)
+  return tonumber(string.match(member, ':(%d+)$')) or 0
+end
+
+local log = KEYS[1]
+local meta = KEYS[2]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local now
+if ARGV[4] then
+  now = tonumber(ARGV[4])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- forget the entries that have left the window, and their costs
+local cutoff = int(now - window)
+local expired = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
+local state = redis.call('HMGET', meta, 'sum', 'seq')
+local used = tonumber(state[1])
+local seq = tonumber(state[2])
+local changed = false
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+  if used then
+    for i = 1, #expired do
+      used = used - cost_of(expired[i])
+    end
+  end
+  changed = true
+end
+local entries = redis.call('ZCARD', log)
+if entries == 0 then
+  used = 0
+elseif used == nil or used < 0 then
+  -- the sum was lost (or damaged): rebuild it from the members
+  used = 0
+  for _, member in ipairs(redis.call('ZRANGE', log, 0, -1)) do
+    used = used + cost_of(member)
+  end
+  changed = true
+end
+
+local admitted
+if cost == 0 then
+  admitted = used < limit
+elseif cost > limit then
+  admitted = false
+else
+  admitted = used + cost <= limit
+end
+
+local id = 0
+if admitted and cost > 0 then
+  -- ids start from the clock so that a log recreated after expiry does not reuse them
+  id = (seq or now * 1000) + 1
+  used = used + cost
+  redis.call('ZADD', log, int(now), int(id) .. ':' .. int(cost))
+  redis.call('HSET', meta, 'sum', int(used), 'seq', int(id))
+  redis.call('PEXPIRE', log, int(window + MARGIN_MS))
+  redis.call('PEXPIRE', meta, int(window + MARGIN_MS))
+elseif changed then
+  if entries == 0 then
+    redis.call('DEL', meta)
+  else
+    redis.call('HSET', meta, 'sum', int(used))
+    redis.call('PEXPIRE', meta, int(window + MARGIN_MS))
+  end
+end
+
+local remaining = limit - used
+if remaining < 0 then
+  remaining = 0
+end
+
+local reset = 0
+if admitted then
+  if cost > 0 then
+    reset = window
+  elseif entries > 0 then
+    local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+    reset = tonumber(newest[2]) + window - now
+  end
+elseif cost > limit or limit == 0 then
+  reset = window
+else
+  -- drop the oldest entries until the hit fits; it fits once the last one dropped has left
+  local target = limit - cost
+  if cost == 0 then
+    target = limit - 1
+  end
+  local left = used
+  local from = 0
+  local step = SCAN
+  while left > target do
+    local batch = redis.call('ZRANGE', log, from, from + step - 1, 'WITHSCORES')
+    if #batch == 0 then
+      break
+    end
+    for i = 1, #batch, 2 do
+      left = left - cost_of(batch[i])
+      if left <= target then
+        reset = tonumber(batch[i + 1]) + window - now
+        break
+      end
+    end
+    from = from + step
+    step = step * 2
+  end
+end
+if reset < 0 then
+  reset = 0
+end
+
+return { admitted and 1 or 0, remaining, reset, id }

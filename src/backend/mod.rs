@@ -1,0 +1,128 @@
+//! Where counters live. A backend charges hits against windows identified by opaque keys; it knows
+//! nothing of descriptors, domains or YAML. Each hit is decided atomically on its own; the limiter
+//! combines the verdicts and gives back (releases) what a rejected request took.
+
+pub mod memory;
+pub mod redis;
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::window::{Algorithm, Cost, Verdict};
+
+pub use memory::MemoryBackend;
+pub use redis::{ClusterBackend, RedisBackend};
+
+/// One charge against one limiter's window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hit {
+    /// The limiter's identity, unique per (domain, descriptor path, algorithm, window); built and
+    /// escaped by the limiter. Backends add their own prefix, hash tag and suffixes.
+    pub key: String,
+    /// How the window is evaluated.
+    pub algorithm: Algorithm,
+    /// Units admitted per window.
+    pub limit: u64,
+    /// The window length in milliseconds (at least 1000).
+    pub window_ms: u64,
+    /// What the hit consumes.
+    pub cost: Cost,
+    /// Into how many independent windows the limit's budget is split (1 = not sharded).
+    pub shards: u16,
+}
+
+/// The verdict on one hit and, when it consumed something, how to give it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// What the window said.
+    pub verdict: Verdict,
+    /// Present when the hit was admitted and consumed units; pass it to [`Backend::release`] to
+    /// undo the charge.
+    pub receipt: Option<Receipt>,
+}
+
+/// Proof of one admitted charge, enough for the backend that issued it to undo it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The storage key the charge went to (for a sharded limit, the shard's key).
+    pub key: String,
+    /// The algorithm of the window charged.
+    pub algorithm: Algorithm,
+    /// The window length in milliseconds.
+    pub window_ms: u64,
+    /// Counter: the index of the fixed window charged (`now / window_ms`). Log: the entry's id.
+    pub token: u64,
+    /// Units consumed.
+    pub cost: u64,
+}
+
+/// Why a backend could not decide.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The backend did not answer within the deadline.
+    #[error("backend did not answer within {0:?}; check the backend's load and --backend-timeout")]
+    Timeout(Duration),
+    /// The backend could not be reached or refused the connection.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    /// The backend answered with something tollgate cannot use.
+    #[error("backend answered unexpectedly: {0}")]
+    Protocol(String),
+}
+
+/// A store that decides hits against sliding windows.
+pub trait Backend: Send + Sync + 'static {
+    /// Charges each hit against its window and answers one result per hit, in order. Each hit is
+    /// atomic on its own; hits of different limiters may go to different nodes concurrently.
+    fn acquire(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<Outcome, BackendError>>> + Send;
+
+    /// Gives back the charges named by `receipts` (best effort: a window that has since moved on
+    /// simply loses the refund).
+    fn release(
+        &self,
+        receipts: &[Receipt],
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Checks that the backend answers, for health reporting.
+    fn ping(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+}
+
+/// The backend chosen at startup (`--backend`), dispatching to the concrete store.
+#[derive(Debug)]
+pub enum AnyBackend {
+    /// Counters in this process.
+    Memory(MemoryBackend),
+    /// Windows in one Redis server.
+    Redis(RedisBackend),
+    /// Windows in a Redis Cluster.
+    Cluster(ClusterBackend),
+}
+
+impl Backend for AnyBackend {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        match self {
+            AnyBackend::Memory(b) => b.acquire(hits).await,
+            AnyBackend::Redis(b) => b.acquire(hits).await,
+            AnyBackend::Cluster(b) => b.acquire(hits).await,
+        }
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        match self {
+            AnyBackend::Memory(b) => b.release(receipts).await,
+            AnyBackend::Redis(b) => b.release(receipts).await,
+            AnyBackend::Cluster(b) => b.release(receipts).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        match self {
+            AnyBackend::Memory(b) => b.ping().await,
+            AnyBackend::Redis(b) => b.ping().await,
+            AnyBackend::Cluster(b) => b.ping().await,
+        }
+    }
+}

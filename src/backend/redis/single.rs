@@ -1,0 +1,340 @@
+//! The `redis` backend: one Redis server (`redis://` or `rediss://`, optional user and password).
+//!
+//! Connections come from a deadpool-redis pool. Each is a multiplexed connection that many
+//! requests share at once, so the backend keeps a few checked out ("lanes") and spreads calls over
+//! them: a pool checkout costs a PING round trip (deadpool's health check), and paying it per
+//! request would double the cost of a decision. A lane whose connection breaks gives it back to the
+//! pool, which health-checks or replaces it. All hits of one request go in one pipeline, one
+//! round trip.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_redis::{Manager, Pool, Runtime};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
+
+use super::keys::KeySpace;
+use super::scripts::{Call, Scripts};
+use super::{FailureLog, backend_error, is_noscript};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+
+/// Shared connections kept checked out of the pool.
+const LANES: usize = 4;
+/// Consecutive timeouts after which a lane's connection is presumed stuck and replaced.
+const STUCK_AFTER_TIMEOUTS: u32 = 3;
+/// The least time given to opening a connection, whatever the per-call deadline: a connection
+/// outlives the call that needed it, so a short deadline must not prevent ever connecting.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const NAME: &str = "redis";
+
+/// Sliding windows in one Redis server, shared by every tollgate instance that uses it.
+pub struct RedisBackend {
+    pool: Pool,
+    lanes: Arc<[Lane]>,
+    next_lane: AtomicUsize,
+    scripts: Scripts,
+    keys: KeySpace,
+    timeout: Duration,
+    failures: FailureLog,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("keys", &self.keys)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One shared connection slot.
+#[derive(Default)]
+struct Lane {
+    connection: Mutex<Option<deadpool_redis::Connection>>,
+    /// Serialises refills so that a burst of requests opens one connection, not one each.
+    refill: tokio::sync::Mutex<()>,
+    timeouts: AtomicU32,
+}
+
+impl RedisBackend {
+    /// A backend on the server at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`
+    /// for TLS), with every key starting with `key_prefix` and every call bounded by `timeout`.
+    /// Fails only on an unusable URL: a server that is down now is retried on each call, so
+    /// tollgate can start before Redis does. The scripts are loaded into the server when it
+    /// answers.
+    pub async fn connect(
+        url: &str,
+        key_prefix: &str,
+        timeout: Duration,
+    ) -> Result<RedisBackend, BackendError> {
+        let connect_timeout = timeout.max(MIN_CONNECT_TIMEOUT);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(connect_timeout));
+        let manager = Manager::new_with_config(url, config)
+            .map_err(|err| BackendError::Unavailable(format!("redis url {url:?}: {err}")))?;
+        let pool = Pool::builder(manager)
+            .max_size(LANES * 2)
+            .wait_timeout(Some(connect_timeout))
+            .create_timeout(Some(connect_timeout))
+            .recycle_timeout(Some(connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|err| BackendError::Unavailable(format!("redis pool: {err}")))?;
+        let backend = RedisBackend {
+            pool,
+            lanes: (0..LANES).map(|_| Lane::default()).collect(),
+            next_lane: AtomicUsize::new(0),
+            scripts: Scripts::default(),
+            keys: KeySpace::new(key_prefix),
+            timeout,
+            failures: FailureLog::default(),
+        };
+        if let Err(err) = backend.load_scripts(connect_timeout).await {
+            tracing::warn!("redis at {url} is not reachable yet ({err}); retrying on each call");
+        }
+        Ok(backend)
+    }
+
+    /// Decides `hits` as if the server's clock read `now_ms`: the same scripts and keys as
+    /// [`Backend::acquire`], for tests that hold the scripts to the window math at chosen instants.
+    pub async fn acquire_at(
+        &self,
+        hits: &[Hit],
+        now_ms: u64,
+    ) -> Vec<Result<Outcome, BackendError>> {
+        self.decide(hits, Some(now_ms)).await
+    }
+
+    /// Loads every script into the server's cache, so that the first calls find them.
+    async fn load_scripts(&self, within: Duration) -> Result<(), BackendError> {
+        let load = async {
+            let (_, mut conn) = self.connection().await?;
+            let mut pipe = redis::pipe();
+            for cmd in self.scripts.load_commands() {
+                pipe.add_command(cmd).ignore();
+            }
+            pipe.query_async::<()>(&mut conn)
+                .await
+                .map_err(|err| backend_error(&err))
+        };
+        tokio::time::timeout(within, load)
+            .await
+            .unwrap_or(Err(BackendError::Timeout(within)))
+    }
+
+    async fn decide(
+        &self,
+        hits: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Vec<Result<Outcome, BackendError>> {
+        let mut results: Vec<Result<Outcome, BackendError>> = Vec::with_capacity(hits.len());
+        let mut calls = Vec::with_capacity(hits.len());
+        let mut called = Vec::with_capacity(hits.len());
+        for (index, hit) in hits.iter().enumerate() {
+            match self.scripts.acquire(&self.keys, hit) {
+                Ok(call) => {
+                    calls.push(match now_ms {
+                        Some(now) => call.at(now),
+                        None => call,
+                    });
+                    called.push(index);
+                    // replaced by the call's answer below
+                    results.push(Err(BackendError::Timeout(self.timeout)));
+                }
+                Err(err) => results.push(Err(err)),
+            }
+        }
+        if calls.is_empty() {
+            return results;
+        }
+        match self.run(&calls).await {
+            Ok(replies) => {
+                for ((call, index), reply) in calls.iter().zip(called).zip(replies) {
+                    results[index] = reply
+                        .map_err(|err| backend_error(&err))
+                        .and_then(|value| call.outcome(&hits[index], value));
+                }
+            }
+            Err(err) => {
+                for index in called {
+                    results[index] = Err(err.clone());
+                }
+            }
+        }
+        results
+    }
+
+    /// Runs `calls` in one pipeline within the deadline, answering one result per call.
+    async fn run(&self, calls: &[Call<'_>]) -> Result<Vec<RedisResult<Value>>, BackendError> {
+        let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls)).await;
+        let result = match outcome {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::Timeout(self.timeout)),
+        };
+        match &result {
+            Ok(_) => self.failures.success(NAME),
+            Err(err) => self.failures.failure(NAME, err),
+        }
+        result
+    }
+
+    async fn pipeline(&self, calls: &[Call<'_>]) -> Result<Vec<RedisResult<Value>>, BackendError> {
+        let (lane, mut conn) = self.connection().await?;
+        let timed = LaneGuard {
+            lane: &self.lanes[lane],
+        };
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for call in calls {
+            pipe.add_command(call.evalsha());
+        }
+        let mut replies: Vec<RedisResult<Value>> = match pipe.query_async(&mut conn).await {
+            Ok(replies) => replies,
+            Err(err) => return Err(self.broken(lane, &err)),
+        };
+        if replies.len() != calls.len() {
+            return Err(BackendError::Protocol(format!(
+                "pipeline of {} calls answered {} replies",
+                calls.len(),
+                replies.len()
+            )));
+        }
+        // The server lost its script cache (restart, SCRIPT FLUSH): send those scripts along,
+        // which caches them again. Calls that hit NOSCRIPT did not run, so resending is safe.
+        let missing: Vec<usize> = (0..calls.len())
+            .filter(|&i| matches!(&replies[i], Err(err) if is_noscript(err)))
+            .collect();
+        if !missing.is_empty() {
+            let mut retry = redis::pipe();
+            retry.ignore_errors();
+            for &i in &missing {
+                retry.add_command(calls[i].eval());
+            }
+            let again: Vec<RedisResult<Value>> = match retry.query_async(&mut conn).await {
+                Ok(again) => again,
+                Err(err) => return Err(self.broken(lane, &err)),
+            };
+            for (i, reply) in missing.into_iter().zip(again) {
+                replies[i] = reply;
+            }
+        }
+        timed.answered();
+        Ok(replies)
+    }
+
+    /// A connection to send on: a lane's shared connection, refilled from the pool when empty.
+    async fn connection(&self) -> Result<(usize, MultiplexedConnection), BackendError> {
+        let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % LANES;
+        if let Some(conn) = self.lanes[index].shared() {
+            return Ok((index, conn));
+        }
+        // Refill in a task of its own: if this call's deadline passes first, the connection still
+        // arrives for the next calls.
+        let lanes = Arc::clone(&self.lanes);
+        let pool = self.pool.clone();
+        let refill = tokio::spawn(async move {
+            let lane = &lanes[index];
+            let _one_at_a_time = lane.refill.lock().await;
+            if let Some(conn) = lane.shared() {
+                return Ok(conn);
+            }
+            let pooled = pool.get().await.map_err(|err| match err {
+                deadpool_redis::PoolError::Backend(err) => backend_error(&err),
+                other => BackendError::Unavailable(format!("redis connection: {other}")),
+            })?;
+            let conn = (*pooled).clone();
+            if let Ok(mut slot) = lane.connection.lock() {
+                *slot = Some(pooled);
+            }
+            lane.timeouts.store(0, Ordering::Relaxed);
+            Ok(conn)
+        });
+        match refill.await {
+            Ok(result) => result.map(|conn| (index, conn)),
+            Err(join) => Err(BackendError::Unavailable(format!(
+                "redis connection task: {join}"
+            ))),
+        }
+    }
+
+    /// Classifies a failed round trip; a connection that broke leaves its lane.
+    fn broken(&self, lane: usize, err: &RedisError) -> BackendError {
+        if err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || err.is_unrecoverable_error()
+            || err.is_timeout()
+        {
+            self.lanes[lane].discard();
+        }
+        backend_error(err)
+    }
+}
+
+impl Lane {
+    fn shared(&self) -> Option<MultiplexedConnection> {
+        let slot = self.connection.lock().ok()?;
+        slot.as_ref().map(|pooled| (**pooled).clone())
+    }
+
+    /// Gives the connection back to the pool, which health-checks it before handing it out again.
+    fn discard(&self) {
+        let pooled = self.connection.lock().ok().and_then(|mut slot| slot.take());
+        drop(pooled);
+        self.timeouts.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Counts a call on a lane as timed out unless it reports an answer; a lane whose calls keep
+/// timing out has its connection replaced (it may be half-open).
+struct LaneGuard<'a> {
+    lane: &'a Lane,
+}
+
+impl LaneGuard<'_> {
+    fn answered(self) {
+        self.lane.timeouts.store(0, Ordering::Relaxed);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        if self.lane.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= STUCK_AFTER_TIMEOUTS {
+            self.lane.discard();
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        self.decide(hits, None).await
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
+        for reply in self.run(&calls).await? {
+            reply.map_err(|err| backend_error(&err))?;
+        }
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        let ping = async {
+            let (lane, mut conn) = self.connection().await?;
+            match redis::cmd("PING").query_async::<String>(&mut conn).await {
+                Ok(_) => Ok(()),
+                Err(err) => Err(self.broken(lane, &err)),
+            }
+        };
+        tokio::time::timeout(self.timeout, ping)
+            .await
+            .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+    }
+}

@@ -1,0 +1,397 @@
+//! Matching and loading rules, checked on in-memory configs.
+
+use super::*;
+
+const MATCHING: &str = r#"
+domain: test
+descriptors:
+  # Key-only default under an exact parent, with an exact override.
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+
+  # Exact beats wildcard beats key-only; value3 is allow-listed.
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key2
+    value: val*
+    rate_limit: {unit: minute, requests_per_unit: 25}
+  - key: key2
+    value: value2
+    rate_limit: {unit: minute, requests_per_unit: 30}
+  - key: key2
+    value: value3
+
+  # A limit at both levels.
+  - key: key5
+    value: value5
+    rate_limit: {unit: day, requests_per_unit: 15}
+    descriptors:
+      - key: subkey5
+        value: subvalue5
+        rate_limit: {unit: day, requests_per_unit: 25}
+
+  # Wildcards: first match in config order wins; `*` at the end, start, middle, several.
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: wild
+    value: f*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: host
+    value: "*.example.com"
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: mid
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: multi
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: nested
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: {unit: minute, requests_per_unit: 6}
+
+  # A key-only parent without a limit of its own.
+  - key: parent
+    descriptors:
+      - key: child
+        rate_limit: {unit: hour, requests_per_unit: 7}
+
+  # No backtracking: an exact leaf hides the key-only node's children.
+  - key: nb
+    descriptors:
+      - key: sub
+        rate_limit: {unit: hour, requests_per_unit: 8}
+  - key: nb
+    value: x
+    rate_limit: {unit: hour, requests_per_unit: 9}
+
+  # No backtracking through a wildcard either.
+  - key: wb
+    descriptors:
+      - key: sub
+        rate_limit: {unit: hour, requests_per_unit: 8}
+  - key: wb
+    value: a*
+    rate_limit: {unit: hour, requests_per_unit: 9}
+
+  # share_threshold: matching values share one counter, keyed by the pattern.
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: files
+    value: test1
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: tenant
+    value: t*prod
+    share_threshold: true
+    descriptors:
+      - key: resource
+        value: res*v2
+        share_threshold: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: path
+    value: path/*
+    share_threshold: true
+    descriptors:
+      - key: file
+        value: file/*
+        descriptors:
+          - key: type
+            rate_limit: {unit: minute, requests_per_unit: 120}
+
+  - key: free
+    rate_limit:
+      unlimited: true
+  - key: tagged
+    metadata:
+      team: payments
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+
+fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+    pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect()
+}
+
+#[test]
+fn resolve_follows_the_reference() {
+    let config = Config::from_yaml("matching.yaml", MATCHING).unwrap();
+    let domain = config.domain("test").unwrap();
+    let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+        // Nothing, unknown keys, partial matches.
+        (&[], None),
+        (&[("unknown", "x")], None),
+        (&[("key1", "something")], None),
+        // A node with children but no limit: the request is shallower than the config.
+        (&[("key1", "value1")], None),
+        (&[("parent", "p")], None),
+        (
+            &[("parent", "p"), ("child", "c")],
+            Some("test.parent.child"),
+        ),
+        // Key-only default and its exact override at the second level.
+        (
+            &[("key1", "value1"), ("subkey1", "x")],
+            Some("test.key1_value1.subkey1"),
+        ),
+        (
+            &[("key1", "value1"), ("subkey1", "subvalue1")],
+            Some("test.key1_value1.subkey1_subvalue1"),
+        ),
+        // Exact beats wildcard beats key-only, allow-list is None.
+        (&[("key2", "value2")], Some("test.key2_value2")),
+        (&[("key2", "valx")], Some("test.key2_val*")),
+        (&[("key2", "val")], Some("test.key2_val*")),
+        (&[("key2", "other")], Some("test.key2")),
+        (&[("key2", "")], Some("test.key2")),
+        (&[("key2", "value3")], None),
+        // The request is deeper than the config.
+        (&[("key2", "value2"), ("more", "x")], None),
+        (&[("key5", "value5"), ("subkey5", "subvalue")], None),
+        (&[("key5", "value5")], Some("test.key5_value5")),
+        (
+            &[("key5", "value5"), ("subkey5", "subvalue5")],
+            Some("test.key5_value5.subkey5_subvalue5"),
+        ),
+        // Wildcards.
+        (&[("wild", "foo1")], Some("test.wild_foo*")),
+        (&[("wild", "foo")], Some("test.wild_foo*")),
+        (&[("wild", "fab")], Some("test.wild_f*")),
+        (&[("wild", "bar")], None),
+        (
+            &[("host", "api.example.com")],
+            Some("test.host_*.example.com"),
+        ),
+        (&[("host", "example.com")], None),
+        (&[("mid", "barb")], Some("test.mid_bar*b")),
+        (&[("mid", "bar123b")], Some("test.mid_bar*b")),
+        (&[("mid", "bara")], None),
+        (&[("mid", "xbarb")], None),
+        (&[("multi", "foo1bar2baz")], Some("test.multi_foo*bar*baz")),
+        (&[("multi", "foo123baz")], None),
+        (
+            &[("nested", "val1"), ("wild", "goo2")],
+            Some("test.nested_val1.wild_goo*"),
+        ),
+        (&[("nested", "val1"), ("wild", "foo2")], None),
+        // A request value equal to the pattern text matches it exactly.
+        (&[("wild", "foo*")], Some("test.wild_foo*")),
+        // No backtracking.
+        (&[("nb", "x"), ("sub", "s")], None),
+        (&[("nb", "y"), ("sub", "s")], Some("test.nb.sub")),
+        (&[("nb", "x")], Some("test.nb_x")),
+        (&[("wb", "abc"), ("sub", "s")], None),
+        (&[("wb", "zzz"), ("sub", "s")], Some("test.wb.sub")),
+        // share_threshold and exact precedence over it.
+        (&[("files", "files/a")], Some("test.files_files/*")),
+        (&[("files", "test1")], Some("test.files_test1")),
+        (&[("free", "x")], Some("test.free")),
+    ];
+    for (request, expected) in cases {
+        let matched = domain.resolve(&entries(request));
+        let got = matched.as_ref().map(|m| m.limit.full_key.as_str());
+        assert_eq!(got, *expected, "request {request:?}");
+    }
+}
+
+#[test]
+fn shared_levels_name_the_pattern() {
+    let config = Config::from_yaml("matching.yaml", MATCHING).unwrap();
+    let domain = config.domain("test").unwrap();
+    let shared = |request: &[(&str, &str)]| {
+        domain.resolve(&entries(request)).map(|m| {
+            m.shared
+                .iter()
+                .map(|(i, p)| (*i, p.to_string()))
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(
+        shared(&[("files", "files/a")]),
+        Some(vec![(0, "files/*".to_string())])
+    );
+    // Two values of one pattern give the same shared key.
+    assert_eq!(
+        shared(&[("files", "files/a")]),
+        shared(&[("files", "files/b")])
+    );
+    // An exact match is never shared, nor is a wildcard without share_threshold.
+    assert_eq!(shared(&[("files", "test1")]), Some(vec![]));
+    assert_eq!(shared(&[("wild", "foo1")]), Some(vec![]));
+    // Both nested levels share.
+    assert_eq!(
+        shared(&[("tenant", "t1prod"), ("resource", "res9v2")]),
+        Some(vec![(0, "t*prod".to_string()), (1, "res*v2".to_string())])
+    );
+    // Only the parent shares; the child wildcard keeps per-value counters.
+    assert_eq!(
+        shared(&[("path", "path/x"), ("file", "file/y"), ("type", "pdf")]),
+        Some(vec![(0, "path/*".to_string())])
+    );
+    // A key-only match gives each value its own counter: nothing shared.
+    assert_eq!(shared(&[("key2", "other")]), Some(vec![]));
+}
+
+#[test]
+fn matched_limits_carry_their_settings() {
+    let config = Config::from_yaml("matching.yaml", MATCHING).unwrap();
+    let domain = config.domain("test").unwrap();
+
+    let matched = domain.resolve(&entries(&[("key2", "value2")])).unwrap();
+    assert_eq!(matched.limit.requests_per_unit, 30);
+    assert_eq!(matched.limit.unit, Some(Unit::Minute));
+    assert_eq!(matched.limit.window_ms, 60_000);
+    assert_eq!(matched.metadata, None);
+
+    let free = domain.resolve(&entries(&[("free", "x")])).unwrap();
+    assert!(free.limit.unlimited);
+    assert_eq!(
+        (
+            free.limit.requests_per_unit,
+            free.limit.unit,
+            free.limit.window_ms
+        ),
+        (0, None, 0)
+    );
+
+    let tagged = domain.resolve(&entries(&[("tagged", "x")])).unwrap();
+    assert_eq!(
+        tagged.metadata,
+        Some(&MetaValue::Map(vec![(
+            "team".to_string(),
+            MetaValue::String("payments".to_string())
+        )]))
+    );
+    assert!(config.domain("other").is_none());
+}
+
+#[test]
+fn windows_and_units() {
+    let config = Config::from_yaml(
+        "w.yaml",
+        r#"
+domain: w
+descriptors:
+  - key: a
+    rate_limit: {window: 90s, requests_per_unit: 10}
+  - key: b
+    rate_limit: {window: 1h, requests_per_unit: 10, algorithm: sliding_window_log}
+  - key: c
+    rate_limit: {unit: HOUR, requests_per_unit: 10, shards: 4, failure_mode: deny}
+  - key: d
+    rate_limit: {unit: Second, requests_per_unit: 10}
+"#,
+    )
+    .unwrap();
+    let limit = |key: &str| {
+        config
+            .domain("w")
+            .unwrap()
+            .resolve(&[Entry::new(key, "v")])
+            .unwrap()
+            .limit
+            .clone()
+    };
+    let a = limit("a");
+    assert_eq!((a.unit, a.window_ms), (None, 90_000));
+    let b = limit("b");
+    assert_eq!((b.unit, b.window_ms), (Some(Unit::Hour), 3_600_000));
+    assert_eq!(b.algorithm, Algorithm::SlidingWindowLog);
+    let c = limit("c");
+    assert_eq!(
+        (c.unit, c.window_ms, c.shards),
+        (Some(Unit::Hour), 3_600_000, 4)
+    );
+    assert_eq!(c.failure_mode, Some(FailureMode::Deny));
+    assert_eq!(c.algorithm, Algorithm::SlidingWindowCounter);
+    assert_eq!(limit("d").unit, Some(Unit::Second));
+    // 10 hits over 4 shards is fewer than 10 per shard.
+    assert_eq!(config.warnings().len(), 1);
+    assert!(
+        config.warnings()[0].starts_with("w.yaml:9:61: warning: `w.c` splits 10 hits over 4"),
+        "{:?}",
+        config.warnings()
+    );
+}
+
+#[test]
+fn table_lists_every_limit() {
+    let config = Config::from_yaml(
+        "t.yaml",
+        r#"
+domain: t
+descriptors:
+  - key: a
+    shadow_mode: true
+    rate_limit: {window: 90s, requests_per_unit: 100, shards: 2, failure_mode: deny, name: a}
+  - key: b
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: a}]}
+  - key: c
+    rate_limit: {unlimited: true}
+"#,
+    )
+    .unwrap();
+    let table = config.table();
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            vec![
+                "t.a",
+                "sliding_window_counter",
+                "100",
+                "1m30s",
+                "shadow",
+                "shards=2",
+                "failure_mode=deny",
+                "name=a"
+            ],
+            vec![
+                "t.b",
+                "sliding_window_counter",
+                "5",
+                "minute",
+                "quota",
+                "replaces=a"
+            ],
+            vec!["t.c", "-", "-", "-", "unlimited"],
+        ]
+    );
+    let keys: Vec<&str> = config
+        .limits()
+        .iter()
+        .map(|l| l.full_key.as_str())
+        .collect();
+    assert_eq!(keys, ["t.a", "t.b", "t.c"]);
+    assert_eq!(compact_duration(86_400 + 61), "1d1m1s");
+}
+
+#[test]
+fn empty_config_matches_nothing() {
+    let config = Config::empty();
+    assert!(config.is_empty());
+    assert_eq!(config.len(), 0);
+    assert!(config.domain("edge").is_none());
+    assert_eq!(config.table(), "");
+    assert!(config.limits().is_empty());
+}
+
+#[test]
+fn config_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Config>();
+    assert_send_sync::<Arc<Config>>();
+}

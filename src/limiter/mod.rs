@@ -1,0 +1,430 @@
+//! The decision: resolve a request's descriptors to limits, let the backend charge them, and turn
+//! the verdicts into one answer. Knows nothing of gRPC; the server converts at the edge.
+//!
+//! Rejected requests consume nothing: a descriptor that is over does not count its hit (the
+//! backend only records admitted hits), and when the request as a whole is over, the hits the
+//! other descriptors took are released again.
+
+mod key;
+mod validate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+use crate::config::{Config, FailureMode, Limit, MetaValue};
+use crate::descriptor::{Descriptor, Request};
+use crate::window::{self, Algorithm, Cost};
+
+pub use key::limiter_key;
+pub use validate::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES};
+
+/// The answer for one descriptor, or for the request as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Within the limit.
+    Ok,
+    /// Over the limit.
+    OverLimit,
+}
+
+/// The decision for one descriptor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    /// OK or OVER_LIMIT (a shadow-mode descriptor always reports OK).
+    pub code: Code,
+    /// The limit that applied; `None` when none did (no match, allow-list, replaced, unlimited).
+    pub limit: Option<Arc<Limit>>,
+    /// What is left of the limit (see design §3); `u32::MAX` for unlimited.
+    pub remaining: u32,
+    /// Whole seconds until the quota is whole again (OK) or until the hit would fit (over).
+    pub reset: Option<Duration>,
+}
+
+/// The decision for a whole request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// OVER_LIMIT iff a non-shadow descriptor is over (and `--shadow-mode` is off).
+    pub overall: Code,
+    /// One status per request descriptor, in request order.
+    pub statuses: Vec<Status>,
+    /// Headers for Envoy to add to the downstream response (e.g. `retry-after`).
+    pub response_headers: Vec<(String, String)>,
+    /// The merged `metadata` of the config nodes of the descriptors that passed, if any.
+    pub metadata: Option<MetaValue>,
+}
+
+/// Why a request could not be decided at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimiterError {
+    /// The request breaks a rule of the protocol; nothing was counted.
+    #[error("invalid rate limit request: {0}")]
+    InvalidArgument(String),
+}
+
+/// Service-wide behaviour set by flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// What a limit without its own `failure_mode` answers when the backend fails.
+    pub failure_mode: FailureMode,
+    /// Report, never deny: the overall code is always OK (statuses and counting unchanged).
+    pub shadow_mode: bool,
+    /// Add `retry-after` to OVER_LIMIT responses.
+    pub retry_after_header: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            failure_mode: FailureMode::Allow,
+            shadow_mode: false,
+            retry_after_header: true,
+        }
+    }
+}
+
+/// Decides rate-limit requests against the current config snapshot and a backend.
+#[derive(Debug)]
+pub struct Limiter<B> {
+    config: ArcSwap<Config>,
+    backend: B,
+    settings: Settings,
+}
+
+/// What one descriptor resolved to before the backend is asked.
+enum Plan {
+    /// No limit applies.
+    Free,
+    /// An `unlimited` limit applies.
+    Unlimited,
+    /// A limit to charge; `hit` indexes the request's hits.
+    Limited { limit: Arc<Limit>, hit: usize },
+}
+
+impl<B: Backend> Limiter<B> {
+    /// A limiter over `backend`, starting with `config`.
+    pub fn new(config: Arc<Config>, backend: B, settings: Settings) -> Self {
+        Limiter {
+            config: ArcSwap::new(config),
+            backend,
+            settings,
+        }
+    }
+
+    /// The config snapshot in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Replaces the config; requests already in flight finish with the old one.
+    pub fn set_config(&self, config: Arc<Config>) {
+        self.config.store(config);
+    }
+
+    /// The backend the limiter charges.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The flags the limiter runs with.
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// Decides one request: charges every applicable limit, answers per descriptor in request
+    /// order, and gives back what was taken when the request is rejected.
+    pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, LimiterError> {
+        validate::request(request)?;
+        let config = self.config.load_full();
+        let mut metadata_sources: Vec<(usize, &MetaValue)> = Vec::new();
+        let mut plans = Vec::with_capacity(request.descriptors.len());
+        let mut hits = Vec::new();
+
+        if let Some(domain) = config.domain(&request.domain) {
+            for (index, descriptor) in request.descriptors.iter().enumerate() {
+                let plan = match override_limit(&request.domain, descriptor) {
+                    Some(limit) => {
+                        let key = limiter_key(
+                            &request.domain,
+                            &descriptor.entries,
+                            &[],
+                            limit.algorithm,
+                            limit.window_ms,
+                        );
+                        (Some(limit), key)
+                    }
+                    None => match domain.resolve(&descriptor.entries) {
+                        Some(matched) => {
+                            if let Some(meta) = matched.metadata {
+                                metadata_sources.push((index, meta));
+                            }
+                            let limit = matched.limit;
+                            let key = if limit.unlimited {
+                                String::new()
+                            } else {
+                                limiter_key(
+                                    &request.domain,
+                                    &descriptor.entries,
+                                    &matched.shared,
+                                    limit.algorithm,
+                                    limit.window_ms,
+                                )
+                            };
+                            (Some(Arc::clone(limit)), key)
+                        }
+                        None => (None, String::new()),
+                    },
+                };
+                plans.push(plan);
+            }
+        } else {
+            plans.resize_with(request.descriptors.len(), || (None, String::new()));
+        }
+
+        let plans = self.plan_hits(request, plans, &mut hits);
+        let results = if hits.is_empty() {
+            Vec::new()
+        } else {
+            self.backend.acquire(&hits).await
+        };
+        Ok(self.finish(request, plans, results, metadata_sources).await)
+    }
+
+    /// Applies `replaces` and `unlimited`, and turns the remaining limits into backend hits.
+    fn plan_hits(
+        &self,
+        request: &Request,
+        resolved: Vec<(Option<Arc<Limit>>, String)>,
+        hits: &mut Vec<Hit>,
+    ) -> Vec<Plan> {
+        // A limit named by another applicable limit's `replaces` does not apply. As in
+        // envoyproxy/ratelimit, unlimited limits may replace others but are never replaced.
+        let replaced = |limit: &Limit| {
+            limit.name.as_deref().is_some_and(|name| {
+                resolved.iter().any(|(other, _)| {
+                    other
+                        .as_ref()
+                        .is_some_and(|o| o.replaces.iter().any(|r| r == name))
+                })
+            })
+        };
+        let mut plans = Vec::with_capacity(resolved.len());
+        for (descriptor, (limit, key)) in request.descriptors.iter().zip(resolved.iter()) {
+            let plan = match limit {
+                None => Plan::Free,
+                Some(limit) if limit.unlimited => Plan::Unlimited,
+                Some(limit) if replaced(limit) => Plan::Free,
+                Some(limit) => {
+                    hits.push(Hit {
+                        key: key.clone(),
+                        algorithm: limit.algorithm,
+                        limit: u64::from(limit.requests_per_unit),
+                        window_ms: limit.window_ms,
+                        cost: cost_of(request, descriptor),
+                        shards: limit.shards,
+                    });
+                    Plan::Limited {
+                        limit: Arc::clone(limit),
+                        hit: hits.len() - 1,
+                    }
+                }
+            };
+            plans.push(plan);
+        }
+        plans
+    }
+
+    /// Combines the verdicts into statuses and the overall code, releasing the charges of a
+    /// rejected request.
+    async fn finish(
+        &self,
+        request: &Request,
+        plans: Vec<Plan>,
+        results: Vec<Result<Outcome, BackendError>>,
+        metadata_sources: Vec<(usize, &MetaValue)>,
+    ) -> Decision {
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut receipts: Vec<Receipt> = Vec::new();
+        let mut rate_limits_over = 0usize;
+        let (mut quota_total, mut quota_over) = (0usize, 0usize);
+        let mut retry_after: Option<u64> = None;
+
+        for plan in plans {
+            let status = match plan {
+                Plan::Free => Status {
+                    code: Code::Ok,
+                    limit: None,
+                    remaining: 0,
+                    reset: None,
+                },
+                Plan::Unlimited => Status {
+                    code: Code::Ok,
+                    limit: None,
+                    remaining: u32::MAX,
+                    reset: None,
+                },
+                Plan::Limited { limit, hit } => {
+                    let result = results.get(hit).cloned().unwrap_or_else(|| {
+                        Err(BackendError::Protocol(
+                            "backend answered fewer hits than it was asked".into(),
+                        ))
+                    });
+                    let (mut code, remaining, reset_ms) = match result {
+                        Ok(outcome) => {
+                            receipts.extend(outcome.receipt);
+                            let verdict = outcome.verdict;
+                            let code = if verdict.admitted {
+                                Code::Ok
+                            } else {
+                                Code::OverLimit
+                            };
+                            (code, verdict.remaining, verdict.reset_ms)
+                        }
+                        Err(_) => {
+                            // The backend logs its own failures, once per burst.
+                            match limit.failure_mode.unwrap_or(self.settings.failure_mode) {
+                                FailureMode::Allow => {
+                                    (Code::Ok, u64::from(limit.requests_per_unit), 0)
+                                }
+                                FailureMode::Deny => (Code::OverLimit, 0, 1000),
+                            }
+                        }
+                    };
+                    if code == Code::OverLimit && limit.shadow_mode {
+                        code = Code::Ok;
+                    }
+                    if limit.quota_mode {
+                        quota_total += 1;
+                    }
+                    if code == Code::OverLimit {
+                        if limit.quota_mode {
+                            quota_over += 1;
+                        } else {
+                            rate_limits_over += 1;
+                        }
+                        let seconds = window::reset_seconds(reset_ms);
+                        retry_after = Some(retry_after.map_or(seconds, |r| r.max(seconds)));
+                    }
+                    Status {
+                        code,
+                        limit: Some(limit),
+                        remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                        reset: Some(Duration::from_secs(window::reset_seconds(reset_ms))),
+                    }
+                }
+            };
+            statuses.push(status);
+        }
+
+        // As in envoyproxy/ratelimit: any plain limit over, or every quota limit over.
+        let rejected = rate_limits_over > 0 || (quota_total > 0 && quota_total == quota_over);
+        if rejected && !receipts.is_empty() {
+            // Failing to give back only errs on the strict side (fewer admissions later); the
+            // backend logs it.
+            let _ = self.backend.release(&receipts).await;
+        }
+
+        let overall = if rejected && !self.settings.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        let mut response_headers = Vec::new();
+        if overall == Code::OverLimit && self.settings.retry_after_header {
+            if let Some(seconds) = retry_after {
+                response_headers.push(("retry-after".to_string(), seconds.to_string()));
+            }
+        }
+        let metadata = merge_metadata(request, &statuses, metadata_sources);
+        Decision {
+            overall,
+            statuses,
+            response_headers,
+            metadata,
+        }
+    }
+}
+
+/// The cost of one descriptor's hit: its own `hits_addend` (0 = check only), else the request's
+/// (0 = 1).
+fn cost_of(request: &Request, descriptor: &Descriptor) -> Cost {
+    match descriptor.hits_addend {
+        Some(0) => Cost::CheckOnly,
+        Some(n) => Cost::Consume(n),
+        None => Cost::Consume(u64::from(request.hits_addend.max(1))),
+    }
+}
+
+/// The limit a descriptor carries itself (Envoy's `limit` override), which replaces the
+/// configured one for any descriptor of a known domain.
+fn override_limit(domain: &str, descriptor: &Descriptor) -> Option<Arc<Limit>> {
+    let requested = descriptor.limit?;
+    let unit = requested.unit?;
+    let mut full_key = String::from(domain);
+    for entry in &descriptor.entries {
+        full_key.push('.');
+        full_key.push_str(&entry.key);
+        if !entry.value.is_empty() {
+            full_key.push('_');
+            full_key.push_str(&entry.value);
+        }
+    }
+    Some(Arc::new(Limit {
+        full_key,
+        name: None,
+        requests_per_unit: requested.requests_per_unit,
+        unit: Some(unit),
+        window_ms: unit.millis(),
+        algorithm: Algorithm::default(),
+        shards: 1,
+        failure_mode: None,
+        unlimited: false,
+        shadow_mode: false,
+        quota_mode: false,
+        detailed_metric: false,
+        value_to_metric: false,
+        replaces: Vec::new(),
+    }))
+}
+
+/// Merges the metadata of the descriptors that passed, first writer wins per key (maps merge
+/// recursively), as envoyproxy/ratelimit does.
+fn merge_metadata(
+    request: &Request,
+    statuses: &[Status],
+    sources: Vec<(usize, &MetaValue)>,
+) -> Option<MetaValue> {
+    if sources.is_empty() {
+        return None;
+    }
+    let mut merged = MetaValue::Map(Vec::new());
+    for (index, value) in sources {
+        if statuses.get(index).is_some_and(|s| s.code == Code::Ok) {
+            merge_into(&mut merged, value);
+        }
+    }
+    match &merged {
+        MetaValue::Map(fields) if fields.is_empty() => None,
+        _ => Some(MetaValue::Map(vec![
+            (
+                "domain".to_string(),
+                MetaValue::String(request.domain.clone()),
+            ),
+            ("metadata".to_string(), merged),
+        ])),
+    }
+}
+
+fn merge_into(dest: &mut MetaValue, src: &MetaValue) {
+    let (MetaValue::Map(dest_fields), MetaValue::Map(src_fields)) = (dest, src) else {
+        return;
+    };
+    for (key, value) in src_fields {
+        match dest_fields.iter_mut().find(|(k, _)| k == key) {
+            Some((_, existing)) => merge_into(existing, value),
+            None => dest_fields.push((key.clone(), value.clone())),
+        }
+    }
+}

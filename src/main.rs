@@ -1,0 +1,218 @@
+//! The `tollgate` command: `serve` runs the rate-limit service, `check` validates policy files.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tollgate::backend::{AnyBackend, MemoryBackend};
+use tollgate::config::{Config, FailureMode};
+use tollgate::limiter::{Limiter, Settings};
+use tollgate::server::{self, ServeOptions};
+
+/// A sliding-window rate-limit service for Envoy (RateLimitService v3).
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the RLS gRPC API, gRPC health and reflection, and the admin HTTP interface.
+    Serve(ServeArgs),
+    /// Validate policy files and print the resolved policy table.
+    Check {
+        /// A YAML file or a directory of *.yaml / *.yml files.
+        #[arg(long, env = "TOLLGATE_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    /// Counters in this process (one instance).
+    Memory,
+    /// One Redis server.
+    Redis,
+    /// A Redis Cluster (seed URLs).
+    RedisCluster,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FailureModeArg {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// A YAML file or a directory of *.yaml / *.yml files (dot files ignored).
+    #[arg(long, env = "TOLLGATE_CONFIG")]
+    config: PathBuf,
+    /// Listen address of the RLS, health and reflection gRPC services.
+    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    /// Listen address of the admin HTTP interface.
+    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// Where counters live.
+    #[arg(long, env = "TOLLGATE_BACKEND", value_enum, default_value = "memory")]
+    backend: BackendKind,
+    /// Redis URL (redis:// or rediss://, user and password allowed); for redis-cluster a
+    /// comma-separated list of seed node URLs.
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
+    /// Prefix of every Redis key, so deployments can share one Redis.
+    #[arg(long, env = "TOLLGATE_KEY_PREFIX", default_value = "tollgate:")]
+    key_prefix: String,
+    /// Deadline of one backend call; past it each limit answers its failure mode.
+    #[arg(long, env = "TOLLGATE_BACKEND_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    backend_timeout: Duration,
+    /// What a limit answers when the backend fails, unless the limit says otherwise.
+    #[arg(
+        long,
+        env = "TOLLGATE_FAILURE_MODE",
+        value_enum,
+        default_value = "allow"
+    )]
+    failure_mode: FailureModeArg,
+    /// Report, never deny: the overall code is always OK.
+    #[arg(long, env = "TOLLGATE_SHADOW_MODE", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    shadow_mode: bool,
+    /// Add `retry-after` to OVER_LIMIT responses.
+    #[arg(long, env = "TOLLGATE_RETRY_AFTER_HEADER", num_args = 0..=1, default_value = "true",
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    retry_after_header: bool,
+    /// How often the config path is checked for changes (SIGHUP reloads at once).
+    #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    reload_interval: Duration,
+    /// Log format.
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Serve(args) => {
+            init_logging(args.log_format);
+            match run_serve(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("tollgate: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            for warning in config.warnings() {
+                eprintln!("{warning}");
+            }
+            print!("{}", config.table());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    // An invalid config stops startup with the same message `check` prints.
+    let config = Config::load(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let backend = connect_backend(&args).await?;
+        let settings = Settings {
+            failure_mode: match args.failure_mode {
+                FailureModeArg::Allow => FailureMode::Allow,
+                FailureModeArg::Deny => FailureMode::Deny,
+            },
+            shadow_mode: args.shadow_mode,
+            retry_after_header: args.retry_after_header,
+        };
+        let limiter = Arc::new(Limiter::new(Arc::new(config), backend, settings));
+        let options = ServeOptions {
+            grpc_addr: args.grpc_addr,
+            http_addr: args.http_addr,
+            config_path: args.config.clone(),
+            reload_interval: args.reload_interval,
+        };
+        server::serve(limiter, options, termination())
+            .await
+            .context("serving failed")
+    })
+}
+
+async fn connect_backend(args: &ServeArgs) -> anyhow::Result<AnyBackend> {
+    match args.backend {
+        BackendKind::Memory => Ok(AnyBackend::Memory(MemoryBackend::new())),
+        BackendKind::Redis | BackendKind::RedisCluster => {
+            anyhow::bail!("the redis backends are not built yet")
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

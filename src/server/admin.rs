@@ -1,0 +1,125 @@
+//! The admin HTTP interface: health, metrics, the loaded policies, and a JSON door to the same
+//! decision the gRPC service makes.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use prost::Message;
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
+
+use super::App;
+use crate::backend::Backend;
+use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitRequest, rate_limit_response::Code};
+
+/// The admin routes over `app`.
+pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck::<B>))
+        .route("/metrics", get(metrics::<B>))
+        .route("/rlconfig", get(rlconfig::<B>))
+        .route("/json", post(json::<B>))
+        .with_state(app)
+}
+
+async fn healthcheck<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
+    match app.health.check() {
+        Ok(()) => (StatusCode::OK, "OK\n").into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
+}
+
+async fn metrics<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn rlconfig<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
+    app.limiter.config().table().into_response()
+}
+
+/// The message descriptors for proto3 JSON, decoded once from the embedded descriptor set.
+struct JsonTypes {
+    request: MessageDescriptor,
+    response: MessageDescriptor,
+}
+
+static JSON_TYPES: LazyLock<Result<JsonTypes, String>> = LazyLock::new(|| {
+    let pool = DescriptorPool::decode(FILE_DESCRIPTOR_SET).map_err(|e| e.to_string())?;
+    let find = |name: &str| {
+        pool.get_message_by_name(name)
+            .ok_or_else(|| format!("message {name} missing from the descriptor set"))
+    };
+    Ok(JsonTypes {
+        request: find("envoy.service.ratelimit.v3.RateLimitRequest")?,
+        response: find("envoy.service.ratelimit.v3.RateLimitResponse")?,
+    })
+});
+
+async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Response {
+    let types = match JSON_TYPES.as_ref() {
+        Ok(types) => types,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.clone()),
+    };
+    if app
+        .health
+        .check()
+        .is_err_and(|reason| reason.starts_with("draining"))
+    {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining: shutting down".into(),
+        );
+    }
+    let request = match parse_request(&types.request, &body) {
+        Ok(request) => request,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    let response = match app.decide(request).await {
+        Ok(response) => response,
+        Err(status) => return text(StatusCode::BAD_REQUEST, status.message().to_string()),
+    };
+    let code = if response.overall_code == Code::OverLimit as i32 {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    match DynamicMessage::decode(types.response.clone(), response.encode_to_vec().as_slice())
+        .map_err(|e| e.to_string())
+        .and_then(|message| serde_json::to_string(&message).map_err(|e| e.to_string()))
+    {
+        Ok(json) => (code, [(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("could not encode the response as JSON: {e}"),
+        ),
+    }
+}
+
+/// Reads the proto3 JSON of a `RateLimitRequest`.
+fn parse_request(descriptor: &MessageDescriptor, body: &[u8]) -> Result<RateLimitRequest, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let message = DynamicMessage::deserialize(descriptor.clone(), &mut deserializer)
+        .map_err(|e| format!("body is not the proto3 JSON of a RateLimitRequest: {e}"))?;
+    deserializer
+        .end()
+        .map_err(|e| format!("trailing data after the JSON request: {e}"))?;
+    message
+        .transcode_to::<RateLimitRequest>()
+        .map_err(|e| format!("request could not be converted: {e}"))
+}
+
+fn text(code: StatusCode, message: String) -> Response {
+    (code, format!("{message}\n")).into_response()
+}

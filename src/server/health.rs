@@ -1,0 +1,108 @@
+//! Whether tollgate should receive traffic: SERVING only while a config is loaded, the backend
+//! answers and the process is not draining. Shared by gRPC health and `GET /healthcheck`.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::backend::Backend;
+use crate::limiter::Limiter;
+use crate::proto::RLS_SERVICE_NAME;
+
+/// How often the backend is probed; health follows a backend outage within two periods.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The serving state and the reason when not serving.
+#[derive(Debug)]
+pub struct Health {
+    reporter: HealthReporter,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    backend_error: Option<String>,
+    draining: bool,
+}
+
+impl Health {
+    /// Starts NOT_SERVING until the first successful probe.
+    pub fn new(reporter: HealthReporter) -> Arc<Self> {
+        Arc::new(Health {
+            reporter,
+            state: Mutex::new(State {
+                backend_error: Some("backend not probed yet".into()),
+                draining: false,
+            }),
+        })
+    }
+
+    /// `Ok(())` when serving, else why not.
+    pub fn check(&self) -> Result<(), String> {
+        let state = self.lock().clone();
+        if state.draining {
+            Err("draining: shutting down".into())
+        } else if let Some(error) = state.backend_error {
+            Err(format!("backend unavailable: {error}"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Marks the process as shutting down: NOT_SERVING from now on.
+    pub async fn start_draining(&self) {
+        self.lock().draining = true;
+        self.publish().await;
+    }
+
+    async fn set_backend_error(&self, error: Option<String>) {
+        let changed = {
+            let mut state = self.lock();
+            let changed = state.backend_error.is_some() != error.is_some();
+            state.backend_error = error;
+            changed
+        };
+        if changed {
+            match self.check() {
+                Ok(()) => tracing::info!("backend reachable: serving"),
+                Err(reason) => tracing::warn!(%reason, "not serving"),
+            }
+        }
+        self.publish().await;
+    }
+
+    async fn publish(&self) {
+        let status = if self.check().is_ok() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for service in ["", RLS_SERVICE_NAME] {
+            self.reporter.set_service_status(service, status).await;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A poisoned lock only means a panic elsewhere; the state itself is always whole.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Probes the backend forever, keeping `health` in step with it.
+pub async fn probe_backend<B: Backend>(health: Arc<Health>, limiter: Arc<Limiter<B>>) {
+    let mut ticker = tokio::time::interval(PROBE_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let result = tokio::time::timeout(PROBE_INTERVAL, limiter.backend().ping()).await;
+        let error = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("no answer to a ping within {PROBE_INTERVAL:?}")),
+        };
+        health.set_backend_error(error).await;
+    }
+}

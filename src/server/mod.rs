@@ -1,0 +1,163 @@
+//! The network edge: the RLS gRPC service with health and reflection, the admin HTTP interface,
+//! config reloads and graceful shutdown.
+
+pub mod admin;
+pub mod health;
+pub mod metrics;
+pub mod reload;
+pub mod rls;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Status as GrpcStatus;
+
+use crate::backend::Backend;
+use crate::limiter::Limiter;
+use crate::proto::{self, RateLimitRequest, RateLimitResponse};
+pub use health::Health;
+pub use metrics::Metrics;
+
+/// Everything a request handler needs, shared by the gRPC and HTTP interfaces.
+#[derive(Debug)]
+pub struct App<B> {
+    /// Decides requests.
+    pub limiter: Arc<Limiter<B>>,
+    /// Serving state.
+    pub health: Arc<Health>,
+    /// Request metrics.
+    pub metrics: Metrics,
+}
+
+impl<B: Backend> App<B> {
+    /// Decides one protobuf request and records it in the metrics.
+    pub async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, GrpcStatus> {
+        let started = Instant::now();
+        let result = rls::decide(&self.limiter, request).await;
+        self.metrics
+            .observe(result.as_ref().map_err(|_| ()), started.elapsed());
+        result
+    }
+}
+
+/// Where and how to serve.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The gRPC listen address.
+    pub grpc_addr: SocketAddr,
+    /// The admin HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// The config file or directory, re-read when it changes.
+    pub config_path: PathBuf,
+    /// How often the config path is checked for changes.
+    pub reload_interval: Duration,
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}; is another process using the port?")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    /// The admin HTTP server failed.
+    #[error("admin HTTP server failed: {0}")]
+    Http(std::io::Error),
+    /// gRPC reflection could not be set up from the embedded descriptors.
+    #[error("gRPC reflection setup failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves until `shutdown` resolves, then drains: health turns NOT_SERVING, listeners close,
+/// calls in flight finish.
+pub async fn serve<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let grpc_listener = bind(options.grpc_addr).await?;
+    let http_listener = bind(options.http_addr).await?;
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = Health::new(reporter);
+    let app = Arc::new(App {
+        limiter: Arc::clone(&limiter),
+        health: Arc::clone(&health),
+        metrics: Metrics::new(),
+    });
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+
+    let probe = tokio::spawn(health::probe_backend(
+        Arc::clone(&health),
+        Arc::clone(&limiter),
+    ));
+    let reloader = tokio::spawn(reload::watch(
+        Arc::clone(&limiter),
+        options.config_path.clone(),
+        options.reload_interval,
+    ));
+
+    // One shutdown signal fans out to both servers after health has turned NOT_SERVING.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let drain_health = Arc::clone(&health);
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight calls");
+        drain_health.start_draining().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    tracing::info!(grpc = %grpc_listener.local_addr().map_err(|e| ServeError::Bind { addr: options.grpc_addr, source: e })?, http = %http_listener.local_addr().map_err(|e| ServeError::Bind { addr: options.http_addr, source: e })?, "tollgate listening");
+
+    let grpc = tonic::transport::Server::builder()
+        .add_service(
+            proto::rate_limit_service_server::RateLimitServiceServer::new(rls::RlsService::new(
+                Arc::clone(&app),
+            )),
+        )
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            stopped(stop_rx.clone()),
+        );
+    let http = axum::serve(http_listener, admin::router(Arc::clone(&app)))
+        .with_graceful_shutdown(stopped(stop_rx));
+
+    let (grpc_result, http_result) = tokio::join!(grpc, async { http.await });
+    probe.abort();
+    reloader.abort();
+    grpc_result?;
+    http_result.map_err(ServeError::Http)?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}

@@ -1,0 +1,230 @@
+//! The Envoy RLS v3 gRPC service: protobuf in, [`Limiter`] decision, protobuf out.
+//!
+//! [`decide`] is the one path from a protobuf request to a protobuf response; the gRPC service and
+//! the admin `POST /json` endpoint both call it, so they always answer alike.
+
+use std::sync::Arc;
+
+use prost_types::value::Kind;
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
+
+use super::App;
+use crate::backend::Backend;
+use crate::config::MetaValue;
+use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
+use crate::limiter::{Code, Decision, Limiter, LimiterError, Status};
+use crate::proto::{
+    self, HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
+    rate_limit_response::{self, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit},
+};
+
+/// The tonic service answering `ShouldRateLimit`.
+#[derive(Debug)]
+pub struct RlsService<B> {
+    app: Arc<App<B>>,
+}
+
+impl<B> RlsService<B> {
+    /// A service answering for `app`.
+    pub fn new(app: Arc<App<B>>) -> Self {
+        RlsService { app }
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> proto::rate_limit_service_server::RateLimitService for RlsService<B> {
+    async fn should_rate_limit(
+        &self,
+        request: GrpcRequest<RateLimitRequest>,
+    ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
+        self.app
+            .decide(request.into_inner())
+            .await
+            .map(GrpcResponse::new)
+    }
+}
+
+/// Decides one protobuf request; a bad request becomes `INVALID_ARGUMENT` with the reason.
+pub async fn decide<B: Backend>(
+    limiter: &Limiter<B>,
+    request: RateLimitRequest,
+) -> Result<RateLimitResponse, GrpcStatus> {
+    let request = request_from_proto(request);
+    match limiter.should_rate_limit(&request).await {
+        Ok(decision) => Ok(response_to_proto(decision)),
+        Err(LimiterError::InvalidArgument(message)) => Err(GrpcStatus::invalid_argument(message)),
+    }
+}
+
+/// Converts the protobuf request, moving its strings.
+pub fn request_from_proto(request: RateLimitRequest) -> Request {
+    Request {
+        domain: request.domain,
+        descriptors: request
+            .descriptors
+            .into_iter()
+            .map(descriptor_from_proto)
+            .collect(),
+        hits_addend: request.hits_addend,
+    }
+}
+
+fn descriptor_from_proto(descriptor: RateLimitDescriptor) -> Descriptor {
+    Descriptor {
+        entries: descriptor
+            .entries
+            .into_iter()
+            .map(|e| Entry {
+                key: e.key,
+                value: e.value,
+            })
+            .collect(),
+        limit: descriptor.limit.map(|l| LimitOverride {
+            requests_per_unit: l.requests_per_unit,
+            unit: unit_from_proto(l.unit),
+        }),
+        hits_addend: descriptor.hits_addend,
+    }
+}
+
+fn unit_from_proto(unit: i32) -> Option<Unit> {
+    match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Unknown => None,
+        RateLimitUnit::Second => Some(Unit::Second),
+        RateLimitUnit::Minute => Some(Unit::Minute),
+        RateLimitUnit::Hour => Some(Unit::Hour),
+        RateLimitUnit::Day => Some(Unit::Day),
+        RateLimitUnit::Month => Some(Unit::Month),
+        RateLimitUnit::Year => Some(Unit::Year),
+    }
+}
+
+fn unit_to_proto(unit: Option<Unit>) -> ProtoUnit {
+    match unit {
+        None => ProtoUnit::Unknown,
+        Some(Unit::Second) => ProtoUnit::Second,
+        Some(Unit::Minute) => ProtoUnit::Minute,
+        Some(Unit::Hour) => ProtoUnit::Hour,
+        Some(Unit::Day) => ProtoUnit::Day,
+        Some(Unit::Week) => ProtoUnit::Week,
+        Some(Unit::Month) => ProtoUnit::Month,
+        Some(Unit::Year) => ProtoUnit::Year,
+    }
+}
+
+fn code_to_proto(code: Code) -> rate_limit_response::Code {
+    match code {
+        Code::Ok => rate_limit_response::Code::Ok,
+        Code::OverLimit => rate_limit_response::Code::OverLimit,
+    }
+}
+
+/// Converts a decision into the protobuf response.
+pub fn response_to_proto(decision: Decision) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code_to_proto(decision.overall) as i32,
+        statuses: decision.statuses.into_iter().map(status_to_proto).collect(),
+        response_headers_to_add: decision
+            .response_headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                value,
+                raw_value: Vec::new(),
+            })
+            .collect(),
+        dynamic_metadata: decision.metadata.and_then(|m| match meta_to_proto(m).kind {
+            Some(Kind::StructValue(s)) => Some(s),
+            _ => None,
+        }),
+        ..RateLimitResponse::default()
+    }
+}
+
+fn status_to_proto(status: Status) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code_to_proto(status.code) as i32,
+        current_limit: status.limit.map(|limit| RateLimit {
+            name: limit.name.clone().unwrap_or_default(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: unit_to_proto(limit.unit) as i32,
+        }),
+        limit_remaining: status.remaining,
+        duration_until_reset: status.reset.map(|d| prost_types::Duration {
+            seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+fn meta_to_proto(value: MetaValue) -> prost_types::Value {
+    let kind = match value {
+        MetaValue::Null => Kind::NullValue(0),
+        MetaValue::Bool(b) => Kind::BoolValue(b),
+        MetaValue::Number(n) => Kind::NumberValue(n),
+        MetaValue::String(s) => Kind::StringValue(s),
+        MetaValue::List(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.into_iter().map(meta_to_proto).collect(),
+        }),
+        MetaValue::Map(fields) => Kind::StructValue(prost_types::Struct {
+            fields: fields
+                .into_iter()
+                .map(|(k, v)| (k, meta_to_proto(v)))
+                .collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::rate_limit_descriptor::{Entry as ProtoEntry, RateLimitOverride};
+
+    #[test]
+    fn request_conversion_keeps_every_field() {
+        let proto = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![ProtoEntry {
+                    key: "user".into(),
+                    value: "alice".into(),
+                }],
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 7,
+                    unit: RateLimitUnit::Hour as i32,
+                }),
+                hits_addend: Some(0),
+            }],
+            hits_addend: 3,
+        };
+        let request = request_from_proto(proto);
+        assert_eq!(request.domain, "edge");
+        assert_eq!(request.hits_addend, 3);
+        let d = &request.descriptors[0];
+        assert_eq!(d.entries, vec![Entry::new("user", "alice")]);
+        assert_eq!(
+            d.limit,
+            Some(LimitOverride {
+                requests_per_unit: 7,
+                unit: Some(Unit::Hour)
+            })
+        );
+        assert_eq!(d.hits_addend, Some(0));
+    }
+
+    #[test]
+    fn unknown_or_out_of_range_override_units_are_none() {
+        assert_eq!(unit_from_proto(0), None);
+        assert_eq!(unit_from_proto(99), None);
+        assert_eq!(unit_from_proto(-1), None);
+    }
+
+    #[test]
+    fn week_maps_to_its_own_wire_number() {
+        assert_eq!(unit_to_proto(Some(Unit::Week)) as i32, 7);
+        assert_eq!(unit_to_proto(Some(Unit::Month)) as i32, 5);
+        assert_eq!(unit_to_proto(None) as i32, 0);
+    }
+}

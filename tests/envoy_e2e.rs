@@ -1,0 +1,371 @@
+//! End to end through a real Envoy: its HTTP rate-limit filter calls a real tollgate over gRPC,
+//! and the tests send real HTTP requests to Envoy and read what a client would see.
+
+#[allow(dead_code)]
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use support::envoy::{Action, Envoy, Reply};
+use support::net::free_addr;
+use support::tollgate::Tollgate;
+
+fn user(name: &str) -> [(&'static str, &str); 1] {
+    [("x-user", name)]
+}
+
+fn header_number(reply: &Reply, name: &str) -> u64 {
+    let value = reply
+        .header(name)
+        .unwrap_or_else(|| panic!("no {name} header in {reply:?}"));
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}: {value:?} is not a number"))
+}
+
+/// A per-user limit from a request header: five requests pass with the remaining count going
+/// down to zero, the sixth is refused with Envoy's rate-limit headers and a retry time, and
+/// another user is not affected.
+#[test]
+fn per_user_limit_from_a_request_header() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+    );
+    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+
+    for expected_remaining in (0..5).rev() {
+        let reply = envoy.get("/", &user("alice"));
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.body, "ok");
+        assert_eq!(
+            header_number(&reply, "x-ratelimit-remaining"),
+            expected_remaining
+        );
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("5, 5;w=60"));
+        assert!(header_number(&reply, "x-ratelimit-reset") >= 1, "{reply:?}");
+    }
+
+    let refused = envoy.get("/", &user("alice"));
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.header("x-envoy-ratelimited"), Some("true"));
+    assert_eq!(header_number(&refused, "x-ratelimit-remaining"), 0);
+    // Sliding window counter, five hits in the current minute: the sixth fits once the window
+    // has slid a fifth of a minute past the next boundary, so at most 60 + 12 seconds from now.
+    let retry_after = header_number(&refused, "retry-after");
+    assert!((1..=72).contains(&retry_after), "retry-after {retry_after}");
+
+    let other = envoy.get("/", &user("bob"));
+    assert_eq!(other.status, 200, "{other:?}");
+    assert_eq!(header_number(&other, "x-ratelimit-remaining"), 4);
+
+    // No header, no descriptor: Envoy does not ask and the request goes through.
+    let anonymous = envoy.get("/", &[]);
+    assert_eq!(anonymous.status, 200, "{anonymous:?}");
+    assert_eq!(anonymous.header("x-ratelimit-limit"), None);
+}
+
+/// `x-ratelimit-limit` lists every descriptor's limit with its window in seconds and its name,
+/// led by the limit with the least remaining; a window that is not a whole unit is left out.
+#[test]
+fn ratelimit_limit_header_lists_every_named_limit() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 5}
+  - key: remote_address
+    rate_limit: {name: per_ip, unit: hour, requests_per_unit: 100}
+  - key: generic_key
+    value: global
+    rate_limit: {unit: second, requests_per_unit: 1000}
+  - key: path_class
+    value: api
+    rate_limit: {name: odd_window, window: 90s, requests_per_unit: 50}
+",
+    );
+    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .descriptor(vec![Action::RemoteAddress])
+        .descriptor(vec![Action::generic("global")])
+        .descriptor(vec![Action::generic_keyed("path_class", "api")])
+        .start();
+
+    let reply = envoy.get("/", &user("carol"));
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.header("x-ratelimit-limit"),
+        Some(r#"5, 5;w=60;name="per_user", 100;w=3600;name="per_ip", 1000;w=1"#)
+    );
+    assert_eq!(header_number(&reply, "x-ratelimit-remaining"), 4);
+
+    // Once the per-user limit is spent, the request is refused although the others have room.
+    for _ in 0..4 {
+        assert_eq!(envoy.get("/", &user("carol")).status, 200);
+    }
+    let refused = envoy.get("/", &user("carol"));
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(header_number(&refused, "x-ratelimit-remaining"), 0);
+    // Another user still passes: only the per-user limit was spent.
+    let another_user = envoy.get("/", &user("dave"));
+    assert_eq!(another_user.status, 200, "{another_user:?}");
+    assert_eq!(header_number(&another_user, "x-ratelimit-remaining"), 4);
+}
+
+/// A `generic_key` limit is shared by all traffic, whoever sends it.
+#[test]
+fn global_generic_key_limit_is_shared_by_everyone() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: generic_key
+    value: global
+    rate_limit: {unit: minute, requests_per_unit: 3}
+",
+    );
+    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::generic("global")])
+        .start();
+
+    for (name, remaining) in [("alice", 2), ("bob", 1), ("carol", 0)] {
+        let reply = envoy.get("/", &user(name));
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(header_number(&reply, "x-ratelimit-remaining"), remaining);
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("3, 3;w=60"));
+    }
+    let refused = envoy.get("/", &user("dave"));
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+}
+
+/// A descriptor in shadow mode is counted but never refuses.
+#[test]
+fn shadow_mode_descriptor_counts_but_never_refuses() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+",
+    );
+    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+
+    let remaining: Vec<u64> = (0..6)
+        .map(|_| {
+            let reply = envoy.get("/", &user("erin"));
+            assert_eq!(reply.status, 200, "{reply:?}");
+            assert_eq!(reply.header("x-envoy-ratelimited"), None);
+            header_number(&reply, "x-ratelimit-remaining")
+        })
+        .collect();
+    assert_eq!(remaining, [1, 0, 0, 0, 0, 0]);
+}
+
+/// `--shadow-mode` makes every answer OK, whatever the limits say.
+#[test]
+fn shadow_mode_flag_never_refuses() {
+    let tollgate = Tollgate::builder()
+        .policy(
+            "edge.yaml",
+            "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+",
+        )
+        .args(["--shadow-mode"])
+        .start();
+    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+
+    for _ in 0..6 {
+        let reply = envoy.get("/", &user("frank"));
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.header("x-envoy-ratelimited"), None);
+    }
+}
+
+/// A value listed with neither a limit nor children is an allow-list entry: never limited, no
+/// rate-limit headers, while other values of the same key are limited.
+#[test]
+fn allow_listed_value_is_never_limited() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    value: admin
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+",
+    );
+    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+
+    for _ in 0..10 {
+        let reply = envoy.get("/", &user("admin"));
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.header("x-ratelimit-limit"), None, "{reply:?}");
+    }
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| envoy.get("/", &user("grace")).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+/// When tollgate goes down, Envoy applies its own `failure_mode_deny`: requests pass (without
+/// rate-limit headers) when it is false, and get 500 when it is true.
+#[test]
+fn tollgate_down_follows_envoy_failure_mode() {
+    let mut tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+",
+    );
+    let open = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+    let closed = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .failure_mode_deny(true)
+        .start();
+
+    let up = open.get("/", &user("heidi"));
+    assert_eq!(up.status, 200, "{up:?}");
+    assert_eq!(header_number(&up, "x-ratelimit-remaining"), 99);
+    assert_eq!(closed.get("/", &user("heidi")).status, 200);
+
+    tollgate.kill();
+
+    let down = open.get("/", &user("heidi"));
+    assert_eq!(down.status, 200, "{down:?}");
+    assert_eq!(down.body, "ok");
+    assert_eq!(down.header("x-ratelimit-remaining"), None, "{down:?}");
+    assert_eq!(closed.get("/", &user("heidi")).status, 500);
+}
+
+/// With nothing ever listening where the rate-limit service should be, the same holds.
+#[test]
+fn unreachable_service_follows_envoy_failure_mode() {
+    let nowhere = free_addr();
+    let open = Envoy::builder("edge", nowhere)
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+    let reply = open.get("/", &user("ivan"));
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.body, "ok");
+
+    let closed = Envoy::builder("edge", nowhere)
+        .descriptor(vec![Action::header("x-user", "user")])
+        .failure_mode_deny(true)
+        .start();
+    assert_eq!(closed.get("/", &user("ivan")).status, 500);
+}
+
+fn now_ms() -> u64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    u64::try_from(since_epoch.as_millis()).expect("milliseconds fit in u64")
+}
+
+fn sleep_until_ms(target: u64) {
+    let now = now_ms();
+    if target > now {
+        std::thread::sleep(Duration::from_millis(target - now));
+    }
+}
+
+const BURST_LIMIT: u64 = 5;
+const BURST_WINDOW_MS: u64 = 4_000;
+
+/// Two bursts on either side of a window edge, as a fixed window would let through twice.
+struct Bursts {
+    /// Requests admitted in the second burst.
+    second_admitted: u64,
+    /// How far past the edge the last request of the second burst was answered.
+    second_done_past_edge_ms: u64,
+}
+
+/// Sends a full burst just before a window edge (aligned to the epoch, as tollgate's windows are)
+/// and another just after it. A burst that does not finish before the edge (a stalled machine)
+/// is retried at the next edge.
+fn bursts_around_an_edge(envoy: &Envoy, client: &str) -> Bursts {
+    for attempt in 0..3 {
+        let name = format!("{client}-{attempt}");
+        let edge = (now_ms() / BURST_WINDOW_MS + 2) * BURST_WINDOW_MS;
+        sleep_until_ms(edge - 600);
+        let first: Vec<u16> = (0..BURST_LIMIT)
+            .map(|_| envoy.get("/", &[("x-client", &name)]).status)
+            .collect();
+        if now_ms() >= edge {
+            continue;
+        }
+        assert_eq!(
+            first, [200; BURST_LIMIT as usize],
+            "the first burst fits the limit"
+        );
+        sleep_until_ms(edge + 50);
+        let second_admitted = (0..BURST_LIMIT)
+            .filter(|_| envoy.get("/", &[("x-client", &name)]).status == 200)
+            .count() as u64;
+        return Bursts {
+            second_admitted,
+            second_done_past_edge_ms: now_ms() - edge,
+        };
+    }
+    panic!("three bursts in a row did not finish within 600 ms");
+}
+
+fn burst_setup(algorithm: &str) -> (Tollgate, Envoy) {
+    let tollgate = Tollgate::start(&format!(
+        "domain: edge
+descriptors:
+  - key: client
+    rate_limit: {{requests_per_unit: {BURST_LIMIT}, window: {}s, algorithm: {algorithm}}}
+",
+        BURST_WINDOW_MS / 1000
+    ));
+    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-client", "client")])
+        .start();
+    (tollgate, envoy)
+}
+
+/// Sliding window counter: right after the edge the previous window still weighs almost fully,
+/// so the second burst is refused (a fixed window would admit all of it again). The estimate
+/// frees one hit per fifth of the window past the edge; the bound allows for a slow machine.
+#[test]
+fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_counter() {
+    let (_tollgate, envoy) = burst_setup("sliding_window_counter");
+    let bursts = bursts_around_an_edge(&envoy, "counter");
+    let freed = BURST_LIMIT * bursts.second_done_past_edge_ms / BURST_WINDOW_MS;
+    assert!(
+        bursts.second_admitted <= freed,
+        "admitted {} of the second burst, {} ms past the edge (at most {freed} may be)",
+        bursts.second_admitted,
+        bursts.second_done_past_edge_ms
+    );
+    assert!(bursts.second_admitted < BURST_LIMIT);
+}
+
+/// Sliding window log: exact, so nothing of the second burst fits while the first is inside the
+/// window.
+#[test]
+fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_log() {
+    let (_tollgate, envoy) = burst_setup("sliding_window_log");
+    let bursts = bursts_around_an_edge(&envoy, "log");
+    assert!(bursts.second_done_past_edge_ms < BURST_WINDOW_MS - 600);
+    assert_eq!(bursts.second_admitted, 0);
+}

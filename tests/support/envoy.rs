@@ -1,0 +1,449 @@
+//! Runs a real Envoy for a test, with a bootstrap generated for it: one edge listener whose HTTP
+//! rate-limit filter calls tollgate over gRPC, routing to a cluster that is a second listener of
+//! the same Envoy answering `200 ok` with a direct response. (Envoy's rate-limit filter does not
+//! call the service for a direct-response route, so the edge route must go to a cluster.)
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use super::net::free_addr;
+use super::tools::envoy_bin;
+
+/// How long Envoy may take to report LIVE on a busy machine.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Attempts with fresh ports when the chosen ones were taken before Envoy bound them.
+const START_ATTEMPTS: usize = 3;
+
+/// One Envoy rate-limit action: it adds one entry to the descriptor it belongs to.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// `request_headers`: the value of `header` as the entry `key`; the whole descriptor is left
+    /// out when the header is absent.
+    RequestHeader {
+        /// The request header to read.
+        header: String,
+        /// The descriptor key.
+        key: String,
+    },
+    /// `generic_key`: a constant entry; `key` defaults to `generic_key` in Envoy.
+    GenericKey {
+        /// The descriptor key, or Envoy's default `generic_key`.
+        key: Option<String>,
+        /// The descriptor value.
+        value: String,
+    },
+    /// `remote_address`: the client address as the entry `remote_address`.
+    RemoteAddress,
+}
+
+impl Action {
+    /// A `request_headers` action.
+    pub fn header(header: &str, key: &str) -> Action {
+        Action::RequestHeader {
+            header: header.to_owned(),
+            key: key.to_owned(),
+        }
+    }
+
+    /// A `generic_key` action with Envoy's default key `generic_key`.
+    pub fn generic(value: &str) -> Action {
+        Action::GenericKey {
+            key: None,
+            value: value.to_owned(),
+        }
+    }
+
+    /// A `generic_key` action with an explicit key.
+    pub fn generic_keyed(key: &str, value: &str) -> Action {
+        Action::GenericKey {
+            key: Some(key.to_owned()),
+            value: value.to_owned(),
+        }
+    }
+
+    fn to_yaml(&self) -> String {
+        match self {
+            Action::RequestHeader { header, key } => format!(
+                "request_headers: {{header_name: {}, descriptor_key: {}}}",
+                quote(header),
+                quote(key)
+            ),
+            Action::GenericKey { key: None, value } => {
+                format!("generic_key: {{descriptor_value: {}}}", quote(value))
+            }
+            Action::GenericKey {
+                key: Some(key),
+                value,
+            } => format!(
+                "generic_key: {{descriptor_key: {}, descriptor_value: {}}}",
+                quote(key),
+                quote(value)
+            ),
+            Action::RemoteAddress => "remote_address: {}".to_owned(),
+        }
+    }
+}
+
+/// A YAML double-quoted scalar (the test inputs are plain ASCII).
+fn quote(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// What the generated bootstrap contains.
+#[derive(Debug, Clone)]
+pub struct EnvoyBuilder {
+    domain: String,
+    rls_addr: SocketAddr,
+    failure_mode_deny: bool,
+    descriptors: Vec<Vec<Action>>,
+}
+
+impl EnvoyBuilder {
+    /// A bootstrap whose rate-limit filter calls the RLS at `rls_addr` with `domain`.
+    pub fn new(domain: &str, rls_addr: SocketAddr) -> EnvoyBuilder {
+        EnvoyBuilder {
+            domain: domain.to_owned(),
+            rls_addr,
+            failure_mode_deny: false,
+            descriptors: Vec::new(),
+        }
+    }
+
+    /// Adds a `rate_limits` entry: one descriptor made of these actions' entries, in order.
+    pub fn descriptor(mut self, actions: Vec<Action>) -> Self {
+        self.descriptors.push(actions);
+        self
+    }
+
+    /// The filter's `failure_mode_deny`: answer 500 instead of letting the request through when
+    /// the rate-limit service cannot be reached.
+    pub fn failure_mode_deny(mut self, deny: bool) -> Self {
+        self.failure_mode_deny = deny;
+        self
+    }
+
+    /// The bootstrap YAML for these ports.
+    pub fn bootstrap(&self, admin: SocketAddr, edge: SocketAddr, upstream: SocketAddr) -> String {
+        let mut rate_limits = String::new();
+        for actions in &self.descriptors {
+            rate_limits.push_str("                  - actions:\n");
+            for action in actions {
+                let _ = writeln!(rate_limits, "                    - {}", action.to_yaml());
+            }
+        }
+        if rate_limits.is_empty() {
+            rate_limits.push_str("                  []\n");
+        }
+        format!(
+            r#"admin:
+  address:
+    socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}
+static_resources:
+  listeners:
+  - name: edge
+    address:
+      socket_address: {{address: 127.0.0.1, port_value: {edge_port}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: edge
+          use_remote_address: true
+          route_config:
+            name: edge
+            virtual_hosts:
+            - name: edge
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: upstream
+                  rate_limits:
+{rate_limits}          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {domain}
+              failure_mode_deny: {failure_mode_deny}
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              # Envoy's default of 20 ms is too tight for a debug build on a shared machine.
+              timeout: 5s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: tollgate}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - name: upstream
+    address:
+      socket_address: {{address: 127.0.0.1, port_value: {upstream_port}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: upstream
+          route_config:
+            name: upstream
+            virtual_hosts:
+            - name: upstream
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response:
+                  status: 200
+                  body: {{inline_string: "ok"}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: {upstream_port}}}
+  - name: tollgate
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: tollgate
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: {rls_ip}, port_value: {rls_port}}}
+"#,
+            admin_port = admin.port(),
+            edge_port = edge.port(),
+            upstream_port = upstream.port(),
+            domain = quote(&self.domain),
+            failure_mode_deny = self.failure_mode_deny,
+            rls_ip = self.rls_addr.ip(),
+            rls_port = self.rls_addr.port(),
+        )
+    }
+
+    /// Starts Envoy and waits until its admin `/ready` answers `LIVE`.
+    pub fn start(self) -> Envoy {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let mut last_log = String::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let (admin, edge, upstream) = (free_addr(), free_addr(), free_addr());
+            let bootstrap_path = dir.path().join(format!("envoy-{attempt}.yaml"));
+            std::fs::write(&bootstrap_path, self.bootstrap(admin, edge, upstream))
+                .expect("write the Envoy bootstrap");
+            let mut envoy = Envoy {
+                child: None,
+                admin,
+                edge,
+                log_path: dir.path().join(format!("envoy-{attempt}.log")),
+                bootstrap_path,
+                agent: agent(),
+                _dir: None,
+            };
+            envoy.spawn();
+            match envoy.wait_live() {
+                Ok(()) => {
+                    envoy._dir = Some(dir);
+                    return envoy;
+                }
+                Err(log) if log.contains("Address already in use") => last_log = log,
+                Err(log) => panic!("Envoy did not become LIVE:\n{log}"),
+            }
+        }
+        panic!("Envoy could not bind free ports in {START_ATTEMPTS} attempts:\n{last_log}");
+    }
+}
+
+/// An HTTP client that reports every status (a 429 or 500 is an answer here, not an error).
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into()
+}
+
+/// An HTTP response: status, headers (names lower-case, in arrival order) and body.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// The headers.
+    pub headers: Vec<(String, String)>,
+    /// The body as text.
+    pub body: String,
+}
+
+impl Reply {
+    /// The first value of header `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// Sends one request and collects the whole response.
+pub fn send(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Reply {
+    let mut request = ureq::http::Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(body.unwrap_or_default().to_owned())
+        .expect("a well-formed request");
+    let mut response = agent
+        .run(request)
+        .unwrap_or_else(|err| panic!("{method} {url}: {err}"));
+    let status = response.status().as_u16();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .unwrap_or_else(|err| panic!("{method} {url}: reading the body: {err}"));
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A running Envoy; dropping it kills the process.
+#[derive(Debug)]
+pub struct Envoy {
+    child: Option<Child>,
+    admin: SocketAddr,
+    edge: SocketAddr,
+    log_path: PathBuf,
+    bootstrap_path: PathBuf,
+    agent: ureq::Agent,
+    /// Keeps the bootstrap and logs alive as long as the process.
+    _dir: Option<TempDir>,
+}
+
+impl Envoy {
+    /// A builder for a bootstrap that calls the RLS at `rls_addr` with `domain`.
+    pub fn builder(domain: &str, rls_addr: SocketAddr) -> EnvoyBuilder {
+        EnvoyBuilder::new(domain, rls_addr)
+    }
+
+    /// The edge listener's address (the one with the rate-limit filter).
+    pub fn edge_addr(&self) -> SocketAddr {
+        self.edge
+    }
+
+    /// `GET path` on the edge listener with extra request headers.
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        send(
+            &self.agent,
+            "GET",
+            &format!("http://{}{path}", self.edge),
+            headers,
+            None,
+        )
+    }
+
+    /// Everything Envoy has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    fn spawn(&mut self) {
+        let log = File::create(&self.log_path).expect("create the Envoy log file");
+        let stderr = log.try_clone().expect("clone the log file handle");
+        let child = Command::new(envoy_bin())
+            .arg("-c")
+            .arg(&self.bootstrap_path)
+            .args(["--disable-hot-restart", "--concurrency", "1"])
+            .args(["--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn the Envoy binary");
+        self.child = Some(child);
+    }
+
+    /// Polls the admin `/ready` until it answers `LIVE`; on failure returns the log.
+    fn wait_live(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let url = format!("http://{}/ready", self.admin);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(format!("Envoy exited with {status}\n{}", self.log()));
+            }
+            if let Ok(mut response) = self.agent.get(&url).call()
+                && response.status() == 200
+                && response
+                    .body_mut()
+                    .read_to_string()
+                    .is_ok_and(|body| body.trim() == "LIVE")
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+        Err(format!("not LIVE after {START_TIMEOUT:?}\n{}", self.log()))
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- Envoy log ({}) ----\n{}",
+                self.log_path.display(),
+                self.log()
+            );
+        }
+    }
+}

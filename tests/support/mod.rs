@@ -1,0 +1,4 @@
+pub mod envoy;
+pub mod net;
+pub mod tollgate;
+pub mod tools;
