@@ -332,10 +332,11 @@ impl<B: Backend> Limiter<B> {
             Code::Ok
         };
         let mut response_headers = Vec::new();
-        if overall == Code::OverLimit && self.settings.retry_after_header {
-            if let Some(seconds) = retry_after {
-                response_headers.push(("retry-after".to_string(), seconds.to_string()));
-            }
+        if let Some(seconds) = retry_after
+            && overall == Code::OverLimit
+            && self.settings.retry_after_header
+        {
+            response_headers.push(("retry-after".to_string(), seconds.to_string()));
         }
         let metadata = merge_metadata(request, &statuses, metadata_sources);
         Decision {
