@@ -41,7 +41,7 @@ impl RateLimitService for Alternating {
         }
         self.check_shape(&request)?;
         let call = self.calls.fetch_add(1, Ordering::SeqCst);
-        let code = if call % 2 == 0 {
+        let code = if call.is_multiple_of(2) {
             Code::Ok
         } else {
             Code::OverLimit
@@ -322,4 +322,38 @@ async fn unreachable_target_fails_fast_with_a_message() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot connect"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_bound_runs_stop_by_themselves() {
+    let server = PeerServer::start(shape()).await;
+    for mode in [&["--rate", "500"][..], &[]] {
+        let mut args = strings(&[
+            "--duration",
+            "200ms",
+            "--json",
+            "--domain",
+            "benchtest",
+            "--descriptors",
+            "3",
+            "--keys",
+            "50",
+            "--hits-addend",
+            "2",
+        ]);
+        args.extend(strings(mode));
+        args.push("--target".into());
+        args.push(server.target());
+        let report = bench_json(args).await;
+
+        let requests = count(&report, "requests");
+        assert!(requests > 0, "{report}");
+        assert_eq!(count(&report, "errors"), 0, "{report}");
+        assert_eq!(
+            count(&report, "ok") + count(&report, "over_limit") + count(&report, "unknown"),
+            requests
+        );
+        assert_eq!(report["duration_seconds"].as_f64(), Some(0.2));
+        assert_percentiles_ordered(&report);
+    }
 }

@@ -27,9 +27,10 @@ impl Distribution {
 ///
 /// Works against any RLS v3 server. Every run is bounded: by `--requests`, or by `--duration`
 /// (10 s when neither is given). With `--rate` the load is open loop: calls are scheduled at fixed
-/// intervals and latency is measured from the scheduled time, so a stalled server is not hidden by
-/// the generator waiting for it (coordinated omission). Without `--rate`, every in-flight slot
-/// sends its next call as soon as the previous one returns (closed loop).
+/// intervals, and a call sent late because every in-flight slot was busy is timed from its
+/// scheduled time, so a stalled server is not hidden by the generator waiting for it (coordinated
+/// omission). Without `--rate`, every in-flight slot sends its next call as soon as the previous
+/// one returns (closed loop). Latency covers answered calls; failed calls are counted by code.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate-bench", version)]
 pub struct Args {

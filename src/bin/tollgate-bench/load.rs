@@ -203,6 +203,9 @@ impl Load {
     /// Runs one phase until `stop`, with `concurrency` workers spread over the connections.
     /// `phase` varies the value draws between phases.
     pub async fn run(&self, stop: Stop, phase: u64) -> anyhow::Result<Measured> {
+        if self.clients.is_empty() {
+            return Err(anyhow!("no connection to send on"));
+        }
         let shards = (self.concurrency as usize).clamp(1, MAX_TALLY_SHARDS);
         let tallies: Arc<Vec<Mutex<Tally>>> = Arc::new(
             (0..shards)
