@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::matcher::{KeyNodes, Level, Pattern, TreeNode};
+use super::matcher::{Level, Pattern, TreeNode};
 use super::yaml::{self, Node, Pos, Resolved, Value};
 use super::{ConfigError, FailureMode, Limit, MetaValue};
 use crate::descriptor::Unit;
@@ -443,9 +443,7 @@ impl FileParser<'_> {
                 self.descriptors(field, &full_key, depth + 1, &mut children)?;
             }
 
-            let nodes = level
-                .entry(key.to_string())
-                .or_insert_with(KeyNodes::default);
+            let nodes = level.entry(key.to_string()).or_default();
             let index = nodes.nodes.len();
             nodes.nodes.push(TreeNode {
                 limit,

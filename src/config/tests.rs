@@ -118,6 +118,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
 
+/// A request's entries and the full key of the limit they should resolve to.
+type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+
 fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
     pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect()
 }
@@ -126,7 +129,7 @@ fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
 fn resolve_follows_the_reference() {
     let config = Config::from_yaml("matching.yaml", MATCHING).unwrap();
     let domain = config.domain("test").unwrap();
-    let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+    let cases: &[Case] = &[
         // Nothing, unknown keys, partial matches.
         (&[], None),
         (&[("unknown", "x")], None),

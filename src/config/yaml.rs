@@ -6,7 +6,7 @@
 //! integer there too. Anchors and aliases are expanded (within a budget, so a "billion laughs"
 //! file cannot exhaust memory) and `<<` merge keys are applied.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, Tag};
 
@@ -266,6 +266,8 @@ enum FrameKind {
     Map {
         pairs: Vec<(Node, Node)>,
         key: Option<Node>,
+        /// The line of each key seen so far, to report duplicates.
+        lines: HashMap<String, usize>,
     },
 }
 
@@ -350,6 +352,7 @@ impl Builder {
                     FrameKind::Map {
                         pairs: Vec::new(),
                         key: None,
+                        lines: HashMap::new(),
                     },
                 )?;
             }
@@ -414,20 +417,17 @@ impl Builder {
         frame.size = frame.size.saturating_add(size);
         match &mut frame.kind {
             FrameKind::Seq(items) => items.push(node),
-            FrameKind::Map { pairs, key } => match key.take() {
+            FrameKind::Map { pairs, key, lines } => match key.take() {
                 None => *key = Some(node),
                 Some(k) => {
                     if let Some(text) = key_text(&k)
                         && !is_merge_key(&k)
-                        && let Some((first, _)) = pairs.iter().find(|(other, _)| {
-                            !is_merge_key(other) && key_text(other) == Some(text)
-                        })
+                        && let Some(first_line) = lines.insert(text.to_string(), k.pos.line)
                     {
                         return Err(YamlError {
                             pos: k.pos,
                             message: format!(
-                                "duplicate key `{text}` (first at line {}); keep only one",
-                                first.pos.line
+                                "duplicate key `{text}` (first at line {first_line}); keep only one"
                             ),
                         });
                     }
@@ -474,12 +474,17 @@ fn merge_keys(pairs: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, YamlError> 
             own.push((key, value));
         }
     }
+    let mut present: HashSet<String> = own
+        .iter()
+        .filter_map(|(k, _)| key_text(k).map(str::to_string))
+        .collect();
     for source in sources {
         for (key, value) in source {
-            let present = own
-                .iter()
-                .any(|(k, _)| key_text(k).is_some() && key_text(k) == key_text(&key));
-            if !present {
+            let fresh = match key_text(&key) {
+                Some(text) => present.insert(text.to_string()),
+                None => true,
+            };
+            if fresh {
                 own.push((key, value));
             }
         }
