@@ -125,6 +125,7 @@ else
   if cost == 0 then
     target = limit - 1
   end
+  reset = window -- unless the entries say sooner (they always do while the sum agrees with them)
   local left = used
   local from = 0
   local step = SCAN

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tollgate::backend::redis::{ClusterBackend, RedisBackend};
+use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, MemoryBackend};
 use tollgate::config::{Config, FailureMode};
 use tollgate::limiter::{Limiter, Settings};
@@ -145,7 +147,8 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -185,13 +188,30 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn connect_backend(args: &ServeArgs) -> anyhow::Result<AnyBackend> {
-    match args.backend {
-        BackendKind::Memory => Ok(AnyBackend::Memory(MemoryBackend::new())),
-        BackendKind::Redis | BackendKind::RedisCluster => {
-            anyhow::bail!("the redis backends are not built yet")
+async fn connect_backend(args: &ServeArgs) -> anyhow::Result<Sharded<AnyBackend>> {
+    let backend = match args.backend {
+        BackendKind::Memory => AnyBackend::Memory(MemoryBackend::new()),
+        BackendKind::Redis => AnyBackend::Redis(
+            RedisBackend::connect(&args.redis_url, &args.key_prefix, args.backend_timeout)
+                .await
+                .context("cannot set up the redis backend")?,
+        ),
+        BackendKind::RedisCluster => {
+            let seeds: Vec<String> = args
+                .redis_url
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect();
+            AnyBackend::Cluster(
+                ClusterBackend::connect(&seeds, &args.key_prefix, args.backend_timeout)
+                    .await
+                    .context("cannot set up the redis-cluster backend")?,
+            )
         }
-    }
+    };
+    Ok(Sharded::new(backend))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -14,6 +14,7 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::backend::shard::{self, ShardKeys};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
 use crate::clock::{Clock, SystemClock};
 use crate::window::{self, Algorithm, Cost};
@@ -84,8 +85,8 @@ impl MemoryBackend {
         let mut shard = self.lock(self.shard_of(&hit.key));
         let now = shard.advance_clock(now);
         shard.count_operation(now);
-        // A later issue splits sharded limits over several windows; until then `hit.shards` is
-        // ignored and the whole limit is one window.
+        // `hit.shards` is not read here: `backend::Sharded` splits a sharded limit into plain
+        // hits on shard keys before they reach this backend.
         let cost = window::normalize_cost(hit.cost);
         match hit.algorithm {
             Algorithm::SlidingWindowCounter => shard.decide_counter(hit, cost, now),
@@ -127,6 +128,13 @@ impl Backend for MemoryBackend {
 
     async fn ping(&self) -> Result<(), BackendError> {
         Ok(())
+    }
+}
+
+/// Placement does not matter in one process: a shard is the identity with a plain suffix.
+impl ShardKeys for MemoryBackend {
+    fn shard_key(&self, key: &str, shard: u16, _shards: u16) -> String {
+        shard::plain_shard_key(key, shard)
     }
 }
 
@@ -656,7 +664,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn shards_are_ignored_for_now() {
+    async fn the_shards_field_is_left_to_the_sharded_adaptor() {
         let (backend, _clock) = backend_at(W);
         let mut h = hit("k", Algorithm::SlidingWindowLog, 4, Cost::Consume(1));
         h.shards = 8;

@@ -4,6 +4,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod shard;
 
 use std::future::Future;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use crate::window::{Algorithm, Cost, Verdict};
 
 pub use memory::MemoryBackend;
 pub use redis::{ClusterBackend, RedisBackend};
+pub use shard::{ShardKeys, Sharded};
 
 /// One charge against one limiter's window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +125,18 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.ping().await,
             AnyBackend::Redis(b) => b.ping().await,
             AnyBackend::Cluster(b) => b.ping().await,
+        }
+    }
+}
+
+impl ShardKeys for AnyBackend {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        match self {
+            AnyBackend::Memory(b) => b.shard_key(key, shard, shards),
+            // Placeholders until the Redis backends name their shards by hash tag (so shards
+            // land on different slots and masters); each arm then delegates like Memory's.
+            AnyBackend::Redis(_) => shard::plain_shard_key(key, shard),
+            AnyBackend::Cluster(_) => shard::plain_shard_key(key, shard),
         }
     }
 }

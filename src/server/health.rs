@@ -12,6 +12,11 @@ use crate::backend::Backend;
 use crate::limiter::Limiter;
 use crate::proto::RLS_SERVICE_NAME;
 
+/// A gRPC health service name that is SERVING for as long as the process runs and is not
+/// draining, whatever the backend does: for liveness probes, which must not restart tollgate
+/// during a Redis outage.
+pub const LIVENESS_SERVICE: &str = "tollgate.liveness";
+
 /// How often the backend is probed; health follows a backend outage within two periods.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -29,15 +34,17 @@ struct State {
 }
 
 impl Health {
-    /// Starts NOT_SERVING until the first successful probe.
-    pub fn new(reporter: HealthReporter) -> Arc<Self> {
-        Arc::new(Health {
+    /// Starts NOT_SERVING (but alive) until the first successful probe.
+    pub async fn new(reporter: HealthReporter) -> Arc<Self> {
+        let health = Arc::new(Health {
             reporter,
             state: Mutex::new(State {
                 backend_error: Some("backend not probed yet".into()),
                 draining: false,
             }),
-        })
+        });
+        health.publish().await;
+        health
     }
 
     /// `Ok(())` when serving, else why not.
@@ -75,14 +82,21 @@ impl Health {
     }
 
     async fn publish(&self) {
-        let status = if self.check().is_ok() {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
+        let serving = |ok: bool| {
+            if ok {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            }
         };
+        let ready = serving(self.check().is_ok());
         for service in ["", RLS_SERVICE_NAME] {
-            self.reporter.set_service_status(service, status).await;
+            self.reporter.set_service_status(service, ready).await;
         }
+        let alive = serving(!self.lock().draining);
+        self.reporter
+            .set_service_status(LIVENESS_SERVICE, alive)
+            .await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

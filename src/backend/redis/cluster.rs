@@ -6,7 +6,8 @@
 //! calls of one request run concurrently, each with its own deadline, so a slow node fails only
 //! the hits it owns.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -15,6 +16,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 
 use super::keys::KeySpace;
+use super::reconnect::Reconnecting;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, backend_error, is_noscript};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
@@ -23,13 +25,15 @@ use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
 /// deadline (the connection outlives the call that opened it).
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const NAME: &str = "redis-cluster";
+/// Consecutive failed calls after which the cluster connection is rebuilt from the seeds, in
+/// case the client's own reconnection cannot find its way back (say, every node was replaced).
+const REBUILD_AFTER_FAILURES: u32 = 100;
 
 /// Sliding windows in a Redis Cluster, shared by every tollgate instance that uses it.
 pub struct ClusterBackend {
     client: Box<ClusterClient>,
-    connection: Arc<Mutex<Option<ClusterConnection>>>,
-    /// Serialises connecting, so a burst of calls opens one cluster connection.
-    connecting: Arc<tokio::sync::Mutex<()>>,
+    connection: Arc<Reconnecting<ClusterConnection>>,
+    failures_in_a_row: AtomicU32,
     scripts: Scripts,
     keys: KeySpace,
     timeout: Duration,
@@ -71,7 +75,7 @@ impl ClusterBackend {
         let backend = ClusterBackend {
             client: Box::new(client),
             connection: Arc::default(),
-            connecting: Arc::default(),
+            failures_in_a_row: AtomicU32::new(0),
             scripts: Scripts::default(),
             keys: KeySpace::new(key_prefix),
             timeout,
@@ -98,39 +102,17 @@ impl ClusterBackend {
         Ok(backend)
     }
 
-    /// The shared cluster connection, opened on first use. Opening runs in a task of its own, so
-    /// a call whose deadline passes first still leaves a connection for the next calls.
+    /// The shared cluster connection, opened on first use.
     async fn connection(&self) -> Result<ClusterConnection, BackendError> {
-        if let Some(conn) = self.shared() {
-            return Ok(conn);
-        }
-        let slot = Arc::clone(&self.connection);
-        let connecting = Arc::clone(&self.connecting);
         let client = self.client.clone();
-        let open = tokio::spawn(async move {
-            let _one_at_a_time = connecting.lock().await;
-            if let Some(conn) = slot.lock().ok().and_then(|slot| slot.clone()) {
-                return Ok(conn);
-            }
-            let conn = client
-                .get_async_connection()
-                .await
-                .map_err(|err| backend_error(&err))?;
-            if let Ok(mut slot) = slot.lock() {
-                *slot = Some(conn.clone());
-            }
-            Ok(conn)
-        });
-        match open.await {
-            Ok(result) => result,
-            Err(join) => Err(BackendError::Unavailable(format!(
-                "redis cluster connection task: {join}"
-            ))),
-        }
-    }
-
-    fn shared(&self) -> Option<ClusterConnection> {
-        self.connection.lock().ok().and_then(|slot| slot.clone())
+        self.connection
+            .get_or_open(move || async move {
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(|err| backend_error(&err))
+            })
+            .await
     }
 
     /// Runs one script call within the deadline; on NOSCRIPT (a node restarted, failed over or
@@ -152,8 +134,19 @@ impl ClusterBackend {
             .await
             .unwrap_or(Err(BackendError::Timeout(self.timeout)));
         match &result {
-            Ok(_) => self.failures.success(NAME),
-            Err(err) => self.failures.failure(NAME, err),
+            Ok(_) => {
+                self.failures_in_a_row.store(0, Ordering::Relaxed);
+                self.failures.success(NAME);
+            }
+            Err(err) => {
+                if self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1
+                    >= REBUILD_AFTER_FAILURES
+                {
+                    self.failures_in_a_row.store(0, Ordering::Relaxed);
+                    self.connection.clear();
+                }
+                self.failures.failure(NAME, err);
+            }
         }
         result
     }

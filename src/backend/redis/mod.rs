@@ -5,6 +5,7 @@
 
 mod cluster;
 pub mod keys;
+mod reconnect;
 mod scripts;
 mod single;
 

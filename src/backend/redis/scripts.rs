@@ -78,9 +78,10 @@ impl Scripts {
         }
         let limit = hit.limit.min(MAX_LIMIT);
         // any cost above the limit is refused alike, so the script never sees more than limit+1
+        // (0 = check only, as `Consume(0)` consumes nothing)
         let cost = match hit.cost {
             Cost::CheckOnly => 0,
-            Cost::Consume(units) => units.clamp(1, limit + 1),
+            Cost::Consume(units) => units.min(limit + 1),
         };
         let base = keys.base(&hit.key);
         let (script, keys) = match hit.algorithm {
@@ -179,7 +180,7 @@ impl Call<'_> {
             reset_ms: u64::try_from(reset_ms).unwrap_or(0),
         };
         let receipt = match hit.cost {
-            Cost::Consume(cost) if admitted => Some(Receipt {
+            Cost::Consume(cost) if admitted && cost > 0 => Some(Receipt {
                 key: self.base.clone(),
                 algorithm: hit.algorithm,
                 window_ms: hit.window_ms,

@@ -7,8 +7,8 @@
 //! pool, which health-checks or replaces it. All hits of one request go in one pipeline, one
 //! round trip.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, Runtime};
@@ -16,6 +16,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
 
 use super::keys::KeySpace;
+use super::reconnect::Reconnecting;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, backend_error, is_noscript};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
@@ -32,7 +33,7 @@ const NAME: &str = "redis";
 /// Sliding windows in one Redis server, shared by every tollgate instance that uses it.
 pub struct RedisBackend {
     pool: Pool,
-    lanes: Arc<[Lane]>,
+    lanes: Box<[Lane]>,
     next_lane: AtomicUsize,
     scripts: Scripts,
     keys: KeySpace,
@@ -52,9 +53,8 @@ impl std::fmt::Debug for RedisBackend {
 /// One shared connection slot.
 #[derive(Default)]
 struct Lane {
-    connection: Mutex<Option<deadpool_redis::Connection>>,
-    /// Serialises refills so that a burst of requests opens one connection, not one each.
-    refill: tokio::sync::Mutex<()>,
+    /// A pooled connection, held out of the pool while the lane uses it.
+    connection: Arc<Reconnecting<Arc<deadpool_redis::Connection>>>,
     timeouts: AtomicU32,
 }
 
@@ -228,36 +228,20 @@ impl RedisBackend {
     /// A connection to send on: a lane's shared connection, refilled from the pool when empty.
     async fn connection(&self) -> Result<(usize, MultiplexedConnection), BackendError> {
         let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % LANES;
-        if let Some(conn) = self.lanes[index].shared() {
-            return Ok((index, conn));
-        }
-        // Refill in a task of its own: if this call's deadline passes first, the connection still
-        // arrives for the next calls.
-        let lanes = Arc::clone(&self.lanes);
         let pool = self.pool.clone();
-        let refill = tokio::spawn(async move {
-            let lane = &lanes[index];
-            let _one_at_a_time = lane.refill.lock().await;
-            if let Some(conn) = lane.shared() {
-                return Ok(conn);
-            }
-            let pooled = pool.get().await.map_err(|err| match err {
-                deadpool_redis::PoolError::Backend(err) => backend_error(&err),
-                other => BackendError::Unavailable(format!("redis connection: {other}")),
-            })?;
-            let conn = (*pooled).clone();
-            if let Ok(mut slot) = lane.connection.lock() {
-                *slot = Some(pooled);
-            }
-            lane.timeouts.store(0, Ordering::Relaxed);
-            Ok(conn)
-        });
-        match refill.await {
-            Ok(result) => result.map(|conn| (index, conn)),
-            Err(join) => Err(BackendError::Unavailable(format!(
-                "redis connection task: {join}"
-            ))),
-        }
+        let pooled = self.lanes[index]
+            .connection
+            .get_or_open(move || async move {
+                match pool.get().await {
+                    Ok(pooled) => Ok(Arc::new(pooled)),
+                    Err(deadpool_redis::PoolError::Backend(err)) => Err(backend_error(&err)),
+                    Err(other) => Err(BackendError::Unavailable(format!(
+                        "redis connection: {other}"
+                    ))),
+                }
+            })
+            .await?;
+        Ok((index, MultiplexedConnection::clone(&pooled)))
     }
 
     /// Classifies a failed round trip; a connection that broke leaves its lane.
@@ -275,15 +259,9 @@ impl RedisBackend {
 }
 
 impl Lane {
-    fn shared(&self) -> Option<MultiplexedConnection> {
-        let slot = self.connection.lock().ok()?;
-        slot.as_ref().map(|pooled| (**pooled).clone())
-    }
-
     /// Gives the connection back to the pool, which health-checks it before handing it out again.
     fn discard(&self) {
-        let pooled = self.connection.lock().ok().and_then(|mut slot| slot.take());
-        drop(pooled);
+        self.connection.clear();
         self.timeouts.store(0, Ordering::Relaxed);
     }
 }

@@ -1,0 +1,521 @@
+//! Real Redis servers for the tests: single `redis-server` processes and a Redis Cluster of three
+//! masters and three replicas, on free 127.0.0.1 ports, without persistence, each in a temporary
+//! directory. Dropping a handle kills its processes and removes their directories.
+//!
+//! The binaries come from the Debian packages `redis-server` and `redis-tools`, which
+//! `scripts/test` installs; `$TOLLGATE_REDIS_SERVER` / `$TOLLGATE_REDIS_CLI` override them.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+fn binary(env_var: &str, name: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env_var).filter(|path| !path.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|path| path.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "{name} is not installed: run scripts/test, which installs redis-server and \
+             redis-tools from Debian packages (or set ${env_var})"
+        )
+    })
+}
+
+/// The `redis-server` binary.
+pub fn redis_server_bin() -> PathBuf {
+    binary("TOLLGATE_REDIS_SERVER", "redis-server")
+}
+
+/// The `redis-cli` binary.
+pub fn redis_cli_bin() -> PathBuf {
+    binary("TOLLGATE_REDIS_CLI", "redis-cli")
+}
+
+/// A loopback port that was free a moment ago, and (for cluster nodes) whose cluster bus port,
+/// port + 10000, was too.
+fn free_port(with_bus: bool) -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+        let port = listener.local_addr().expect("local address").port();
+        if !with_bus {
+            return port;
+        }
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Sends one inline command and reads whatever the server answers first; `None` when nothing
+/// answers.
+fn raw_command(port: u16, command: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(format!("{command}\r\n").as_bytes()).ok()?;
+    let mut buffer = [0u8; 512];
+    let read = stream.read(&mut buffer).ok()?;
+    Some(String::from_utf8_lossy(&buffer[..read]).into_owned())
+}
+
+/// Polls `check` until it holds, panicking with `what` after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+    child: Option<Child>,
+    /// The TLS port, for a server started with [`RedisServer::start_tls`].
+    tls_port: Option<u16>,
+    /// Where the TLS certificate lives, removed on drop.
+    cert_dir: Option<PathBuf>,
+}
+
+fn temp_dir(kind: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-{kind}-{}-{}",
+        std::process::id(),
+        NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create a temporary directory");
+    dir
+}
+
+impl RedisServer {
+    /// A standalone server on a free port.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// A standalone server on a free port with extra `redis-server` arguments (`--requirepass x`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::launch(extra.iter().map(|arg| arg.to_string()).collect(), false)
+    }
+
+    /// A standalone server that also speaks TLS, on a second port, with a self-signed
+    /// certificate made by `openssl` (clients must skip verification: `rediss://...#insecure`).
+    pub fn start_tls() -> RedisServer {
+        let cert_dir = temp_dir("redis-tls");
+        let (cert, key) = (cert_dir.join("redis.crt"), cert_dir.join("redis.key"));
+        let output = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=127.0.0.1", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run openssl: {err}"));
+        assert!(
+            output.status.success(),
+            "openssl failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let tls_port = free_port(false);
+        let mut server = RedisServer::launch(
+            vec![
+                "--tls-port".to_owned(),
+                tls_port.to_string(),
+                "--tls-cert-file".to_owned(),
+                cert.display().to_string(),
+                "--tls-key-file".to_owned(),
+                key.display().to_string(),
+                "--tls-ca-cert-file".to_owned(),
+                cert.display().to_string(),
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ],
+            false,
+        );
+        server.tls_port = Some(tls_port);
+        server.cert_dir = Some(cert_dir);
+        server
+    }
+
+    /// The TLS port of a server started with [`RedisServer::start_tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    fn launch(extra: Vec<String>, cluster_bus: bool) -> RedisServer {
+        let dir = temp_dir("redis");
+        for _attempt in 0..5 {
+            let mut server = RedisServer {
+                port: free_port(cluster_bus),
+                dir: dir.clone(),
+                extra: extra.clone(),
+                child: None,
+                tls_port: None,
+                cert_dir: None,
+            };
+            if server.spawn() {
+                return server;
+            }
+            // another process took the port in between; the drop cleans up the failed attempt
+            server.dir = PathBuf::new();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("redis-server did not start on five different ports");
+    }
+
+    /// Starts the process on this server's port; false when it did not come up.
+    fn spawn(&mut self) -> bool {
+        let port = self.port.to_string();
+        let dir = self.dir.display().to_string();
+        let child = Command::new(redis_server_bin())
+            .args([
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--protected-mode",
+                "no",
+            ])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--dir", &dir, "--logfile", &format!("redis-{port}.log")])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", redis_server_bin().display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_exited)) = child.try_wait()
+            {
+                self.child = None;
+                return false;
+            }
+            if raw_command(self.port, "PING")
+                .is_some_and(|reply| reply.starts_with("+PONG") || reply.starts_with("-NOAUTH"))
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        false
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills the process (SIGKILL, like a crash); its data is gone.
+    pub fn stop(&mut self) {
+        self.kill();
+        wait_until(
+            "the stopped redis port to close",
+            Duration::from_secs(5),
+            || TcpStream::connect(("127.0.0.1", self.port)).is_err(),
+        );
+    }
+
+    /// Starts the process again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Runs `redis-cli` against this server and answers its output, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new(redis_cli_bin())
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", redis_cli_bin().display()));
+        assert!(
+            output.status.success(),
+            "redis-cli {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Empties the server's script cache (`SCRIPT FLUSH`).
+    pub fn script_flush(&self) {
+        assert_eq!(self.cli(&["SCRIPT", "FLUSH"]), "OK");
+    }
+
+    /// Every key matching `pattern` with its TTL in ms (-1: none, -2: gone meanwhile).
+    pub fn keys_with_ttls(&self, pattern: &str) -> Vec<(String, i64)> {
+        let listing = self.cli(&["--scan", "--pattern", pattern]);
+        listing
+            .lines()
+            .filter(|key| !key.is_empty())
+            .map(|key| {
+                let ttl = self.cli(&["PTTL", key]);
+                let ttl = ttl
+                    .parse()
+                    .unwrap_or_else(|_| panic!("PTTL {key}: {ttl:?}"));
+                (key.to_owned(), ttl)
+            })
+            .collect()
+    }
+
+    /// A field of `INFO` (`role`, `master_link_status`, ...).
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let info = self.cli(&["INFO", section]);
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("{field}:")))
+            .map(|value| value.trim().to_owned())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        if let Some(dir) = self.cert_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A Redis Cluster of three masters and three replicas, made with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    /// Every node, masters and replicas in creation order (`--cluster create` makes the first
+    /// three masters).
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts six cluster-enabled nodes, joins them into a cluster with one replica per master,
+    /// and waits until every node reports the cluster ok and every replica is in sync.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::launch(
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                    ]
+                    .iter()
+                    .map(|arg| arg.to_string())
+                    .collect(),
+                    true,
+                )
+            })
+            .collect();
+        let mut create = Command::new(redis_cli_bin());
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port()));
+        }
+        let output = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run redis-cli --cluster create: {err}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_healthy(Duration::from_secs(60));
+        cluster
+    }
+
+    /// The seed URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes still running.
+    pub fn running(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes.iter().filter(|node| node.is_running())
+    }
+
+    /// Waits until every running node sees the cluster ok with all slots served and agrees on
+    /// the topology, and every running replica is in sync with its master.
+    pub fn wait_healthy(&self, limit: Duration) {
+        wait_until("the redis cluster to be healthy", limit, || {
+            self.running().all(|node| {
+                let info = node.cli(&["CLUSTER", "INFO"]);
+                let ok =
+                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384");
+                let synced = match node.info_field("replication", "role").as_deref() {
+                    Some("slave") => {
+                        node.info_field("replication", "master_link_status")
+                            .as_deref()
+                            == Some("up")
+                    }
+                    Some("master") => true,
+                    _ => false,
+                };
+                ok && synced
+            })
+        });
+    }
+
+    /// Waits until every running master's replicas have acknowledged all of its writes, so a
+    /// failover loses nothing.
+    pub fn wait_replicas_synced(&self, limit: Duration) {
+        wait_until("the replicas to catch up", limit, || {
+            self.running()
+                .filter(|node| node.info_field("replication", "role").as_deref() == Some("master"))
+                .all(|master| {
+                    let info = master.cli(&["INFO", "replication"]);
+                    let offset = info
+                        .lines()
+                        .find_map(|line| line.strip_prefix("master_repl_offset:"))
+                        .map(str::trim);
+                    let replicas: Vec<&str> = info
+                        .lines()
+                        .filter(|line| line.starts_with("slave") && line.contains("offset="))
+                        .collect();
+                    !replicas.is_empty()
+                        && replicas.iter().all(|line| {
+                            line.split(',')
+                                .find_map(|field| field.strip_prefix("offset="))
+                                .map(str::trim)
+                                == offset
+                        })
+                })
+        });
+    }
+
+    /// The running node that is master of `key`'s slot.
+    pub fn master_of(&self, key: &str) -> &RedisServer {
+        let slot = self.slot_of(key);
+        self.running()
+            .find(|node| {
+                node.info_field("replication", "role").as_deref() == Some("master")
+                    && node.owns_slot(slot)
+            })
+            .unwrap_or_else(|| panic!("no running master owns slot {slot}"))
+    }
+
+    /// Kills the master of `key`'s slot and waits until its replica has taken over and the
+    /// cluster is ok again. Answers the index of the killed node in [`RedisCluster::nodes`].
+    pub fn fail_over_master_of(&mut self, key: &str) -> usize {
+        let slot = self.slot_of(key);
+        let port = self.master_of(key).port();
+        let index = self
+            .nodes
+            .iter()
+            .position(|node| node.port() == port)
+            .expect("the master is one of the nodes");
+        self.nodes[index].stop();
+        // the replica notices after the node timeout (1 s), is elected and serves the slots;
+        // until the others notice too, they may still call the cluster ok
+        wait_until(
+            "a replica to take over the killed master's slots",
+            Duration::from_secs(60),
+            || {
+                let promoted = self.running().any(|node| {
+                    node.info_field("replication", "role").as_deref() == Some("master")
+                        && node.owns_slot(slot)
+                });
+                promoted
+                    && self.running().all(|node| {
+                        let info = node.cli(&["CLUSTER", "INFO"]);
+                        info.contains("cluster_state:ok")
+                            && info.contains("cluster_slots_ok:16384")
+                            && node.cli(&["CLUSTER", "NODES"]).contains("fail")
+                    })
+            },
+        );
+        index
+    }
+
+    /// The cluster slot of `key`, as the cluster computes it.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        let any = self.running().next().expect("a running node");
+        any.cli(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .expect("CLUSTER KEYSLOT answers a number")
+    }
+
+    /// Runs `SCRIPT FLUSH` on every running node.
+    pub fn script_flush(&self) {
+        for node in self.running() {
+            node.script_flush();
+        }
+    }
+
+    /// Every key matching `pattern` on the running masters, with its TTL in ms.
+    pub fn keys_with_ttls(&self, pattern: &str) -> Vec<(String, i64)> {
+        self.running()
+            .filter(|node| node.info_field("replication", "role").as_deref() == Some("master"))
+            .flat_map(|node| node.keys_with_ttls(pattern))
+            .collect()
+    }
+}
+
+impl RedisServer {
+    /// Whether this cluster node serves `slot`, by the `myself` line of its `CLUSTER NODES`.
+    fn owns_slot(&self, slot: u16) -> bool {
+        let nodes = self.cli(&["CLUSTER", "NODES"]);
+        let Some(myself) = nodes.lines().find(|line| line.contains("myself")) else {
+            return false;
+        };
+        myself.split_whitespace().skip(8).any(|range| {
+            let mut bounds = range.split('-');
+            let low = bounds.next().and_then(|b| b.parse::<u16>().ok());
+            let high = bounds.next().and_then(|b| b.parse::<u16>().ok()).or(low);
+            matches!((low, high), (Some(low), Some(high)) if (low..=high).contains(&slot))
+        })
+    }
+}
