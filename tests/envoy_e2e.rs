@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use support::envoy::{Action, Envoy, Reply};
 use support::net::free_addr;
+use support::redis::{RedisCluster, RedisServer};
 use support::tollgate::Tollgate;
 
 fn user(name: &str) -> [(&'static str, &str); 1] {
@@ -298,9 +299,13 @@ struct Bursts {
     second_done_past_edge_ms: u64,
 }
 
+/// How long after the edge the second burst must be done for the run to say something: well
+/// inside the window that still holds the first burst.
+const SECOND_BURST_DEADLINE_MS: u64 = 1_500;
+
 /// Sends a full burst just before a window edge (aligned to the epoch, as tollgate's windows are)
-/// and another just after it. A burst that does not finish before the edge (a stalled machine)
-/// is retried at the next edge.
+/// and another just after it. A run that a stalled machine stretches (the first burst crossing
+/// the edge, or the second ending late) is repeated at a later edge with a fresh client.
 fn bursts_around_an_edge(envoy: &Envoy, client: &str) -> Bursts {
     for attempt in 0..3 {
         let name = format!("{client}-{attempt}");
@@ -320,12 +325,16 @@ fn bursts_around_an_edge(envoy: &Envoy, client: &str) -> Bursts {
         let second_admitted = (0..BURST_LIMIT)
             .filter(|_| envoy.get("/", &[("x-client", &name)]).status == 200)
             .count() as u64;
+        let second_done_past_edge_ms = now_ms() - edge;
+        if second_done_past_edge_ms > SECOND_BURST_DEADLINE_MS {
+            continue;
+        }
         return Bursts {
             second_admitted,
-            second_done_past_edge_ms: now_ms() - edge,
+            second_done_past_edge_ms,
         };
     }
-    panic!("three bursts in a row did not finish within 600 ms");
+    panic!("three runs in a row were too slow to bracket a window edge");
 }
 
 fn burst_setup(algorithm: &str) -> (Tollgate, Envoy) {
@@ -366,6 +375,120 @@ fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_counter() {
 fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_log() {
     let (_tollgate, envoy) = burst_setup("sliding_window_log");
     let bursts = bursts_around_an_edge(&envoy, "log");
-    assert!(bursts.second_done_past_edge_ms < BURST_WINDOW_MS - 600);
     assert_eq!(bursts.second_admitted, 0);
+}
+
+/// Two tollgate instances sharing one Redis, each behind its own Envoy: together they admit the
+/// limit once, not once each.
+#[test]
+fn two_instances_sharing_redis_admit_the_limit_once() {
+    let redis = RedisServer::start();
+    let policy = "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+    let start = || {
+        Tollgate::builder()
+            .policy("edge.yaml", policy)
+            .args(["--backend", "redis", "--redis-url", &redis.url()])
+            .start()
+    };
+    let (first, second) = (start(), start());
+    let envoys = [first.grpc_addr(), second.grpc_addr()].map(|rls| {
+        Envoy::builder("edge", rls)
+            .descriptor(vec![Action::header("x-user", "user")])
+            .start()
+    });
+
+    let statuses: Vec<u16> = (0..10)
+        .map(|turn| envoys[turn % 2].get("/", &user("judy")).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429, 429, 429]);
+    let last = envoys[1].get("/", &user("judy"));
+    assert_eq!(last.status, 429, "{last:?}");
+    assert!(last.header("retry-after").is_some(), "{last:?}");
+}
+
+/// When Redis is unreachable, each limit answers its own `failure_mode`: a `deny` limit refuses
+/// (429 through Envoy) while an `allow` limit lets the request through.
+#[test]
+fn redis_outage_answers_each_limits_failure_mode() {
+    let mut redis = RedisServer::start();
+    let tollgate = Tollgate::builder()
+        .policy(
+            "edge.yaml",
+            "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: generic_key
+    value: global
+    rate_limit: {unit: minute, requests_per_unit: 1000, failure_mode: deny}
+",
+        )
+        .args(["--backend", "redis", "--redis-url", &redis.url()])
+        .start();
+    let per_user = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+    let global = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::generic("global")])
+        .start();
+    assert_eq!(per_user.get("/", &user("kim")).status, 200);
+    assert_eq!(global.get("/", &user("kim")).status, 200);
+
+    redis.stop();
+
+    let allowed = per_user.get("/", &user("kim"));
+    assert_eq!(allowed.status, 200, "{allowed:?}");
+    let denied = global.get("/", &user("kim"));
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(denied.header("x-envoy-ratelimited"), Some("true"));
+}
+
+/// Through a Redis Cluster: a per-user limit, and a hot global limit split over shards on
+/// different slots, which together never admit more than the limit.
+#[test]
+fn redis_cluster_per_user_and_sharded_global_limits() {
+    let cluster = RedisCluster::start();
+    let tollgate = Tollgate::builder()
+        .policy(
+            "edge.yaml",
+            "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: generic_key
+    value: global
+    rate_limit: {unit: minute, requests_per_unit: 8, shards: 4}
+",
+        )
+        .args([
+            "--backend",
+            "redis-cluster",
+            "--redis-url",
+            &cluster.urls().join(","),
+        ])
+        .start();
+    let per_user = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::header("x-user", "user")])
+        .start();
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| per_user.get("/", &user("leo")).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+
+    let global = Envoy::builder("edge", tollgate.grpc_addr())
+        .descriptor(vec![Action::generic("global")])
+        .start();
+    let admitted = (0..20)
+        .filter(|_| global.get("/", &[]).status == 200)
+        .count();
+    // A hit tries two of the four shards, so it may be refused while another shard still has
+    // room; it is never admitted beyond the limit.
+    assert!(
+        (1..=8).contains(&admitted),
+        "admitted {admitted} of a limit of 8"
+    );
 }

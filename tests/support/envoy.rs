@@ -243,35 +243,9 @@ static_resources:
         )
     }
 
-    /// Starts Envoy and waits until its admin `/ready` answers `LIVE`.
+    /// Starts Envoy with this bootstrap and waits until its admin `/ready` answers `LIVE`.
     pub fn start(self) -> Envoy {
-        let dir = tempfile::tempdir().expect("create a temporary directory");
-        let mut last_log = String::new();
-        for attempt in 1..=START_ATTEMPTS {
-            let (admin, edge, upstream) = (free_addr(), free_addr(), free_addr());
-            let bootstrap_path = dir.path().join(format!("envoy-{attempt}.yaml"));
-            std::fs::write(&bootstrap_path, self.bootstrap(admin, edge, upstream))
-                .expect("write the Envoy bootstrap");
-            let mut envoy = Envoy {
-                child: None,
-                admin,
-                edge,
-                log_path: dir.path().join(format!("envoy-{attempt}.log")),
-                bootstrap_path,
-                agent: agent(),
-                _dir: None,
-            };
-            envoy.spawn();
-            match envoy.wait_live() {
-                Ok(()) => {
-                    envoy._dir = Some(dir);
-                    return envoy;
-                }
-                Err(log) if log.contains("Address already in use") => last_log = log,
-                Err(log) => panic!("Envoy did not become LIVE:\n{log}"),
-            }
-        }
-        panic!("Envoy could not bind free ports in {START_ATTEMPTS} attempts:\n{last_log}");
+        Envoy::start_with(|admin, edge, upstream| self.bootstrap(admin, edge, upstream))
     }
 }
 
@@ -362,6 +336,40 @@ impl Envoy {
     /// A builder for a bootstrap that calls the RLS at `rls_addr` with `domain`.
     pub fn builder(domain: &str, rls_addr: SocketAddr) -> EnvoyBuilder {
         EnvoyBuilder::new(domain, rls_addr)
+    }
+
+    /// Starts Envoy with the bootstrap `render(admin, edge, spare)` returns for three free
+    /// loopback addresses: the admin listener, the listener tests send requests to, and one more
+    /// (the generated bootstraps put their upstream listener there). Waits until `/ready` answers
+    /// `LIVE`, choosing fresh ports when the first ones were taken meanwhile.
+    pub fn start_with(render: impl Fn(SocketAddr, SocketAddr, SocketAddr) -> String) -> Envoy {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let mut last_log = String::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let (admin, edge, spare) = (free_addr(), free_addr(), free_addr());
+            let bootstrap_path = dir.path().join(format!("envoy-{attempt}.yaml"));
+            std::fs::write(&bootstrap_path, render(admin, edge, spare))
+                .expect("write the Envoy bootstrap");
+            let mut envoy = Envoy {
+                child: None,
+                admin,
+                edge,
+                log_path: dir.path().join(format!("envoy-{attempt}.log")),
+                bootstrap_path,
+                agent: agent(),
+                _dir: None,
+            };
+            envoy.spawn();
+            match envoy.wait_live() {
+                Ok(()) => {
+                    envoy._dir = Some(dir);
+                    return envoy;
+                }
+                Err(log) if log.contains("Address already in use") => last_log = log,
+                Err(log) => panic!("Envoy did not become LIVE:\n{log}"),
+            }
+        }
+        panic!("Envoy could not bind free ports in {START_ATTEMPTS} attempts:\n{last_log}");
     }
 
     /// The edge listener's address (the one with the rate-limit filter).

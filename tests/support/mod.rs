@@ -1,4 +1,5 @@
 pub mod envoy;
 pub mod net;
+pub mod redis;
 pub mod tollgate;
 pub mod tools;

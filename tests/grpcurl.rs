@@ -1,0 +1,181 @@
+//! Debugging with grpcurl through server reflection, with no proto files: the commands the README
+//! shows, run with the real grpcurl binary against a real tollgate. Older grpcurl releases (the
+//! one used here included) speak only reflection v1alpha; v1 is checked with tonic's client.
+
+#[allow(dead_code)]
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+
+use support::tollgate::Tollgate;
+use support::tools::grpcurl_bin;
+
+const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+fn start() -> Tollgate {
+    Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+    )
+}
+
+/// Runs `grpcurl -plaintext <flags> <addr> <verb...>`.
+fn grpcurl(flags: &[&str], addr: SocketAddr, verb: &[&str]) -> Output {
+    Command::new(grpcurl_bin())
+        .args(["-plaintext", "-max-time", "10"])
+        .args(flags)
+        .arg(addr.to_string())
+        .args(verb)
+        .output()
+        .expect("run grpcurl")
+}
+
+/// Runs grpcurl and returns its stdout, which must be a success.
+fn grpcurl_ok(flags: &[&str], addr: SocketAddr, verb: &[&str]) -> String {
+    let output = grpcurl(flags, addr, verb);
+    let args = [flags, verb].concat();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "grpcurl {args:?} failed: {}\n{stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+fn should_rate_limit(addr: SocketAddr, json: &str) -> String {
+    grpcurl_ok(&["-d", json], addr, &[&format!("{RLS}/ShouldRateLimit")])
+}
+
+#[test]
+fn grpcurl_lists_and_describes_the_services() {
+    let tollgate = start();
+    let addr = tollgate.grpc_addr();
+
+    let services = grpcurl_ok(&[], addr, &["list"]);
+    let services: Vec<&str> = services.lines().collect();
+    assert!(services.contains(&RLS), "{services:?}");
+    assert!(services.contains(&"grpc.health.v1.Health"), "{services:?}");
+
+    let methods = grpcurl_ok(&[], addr, &["list", RLS]);
+    assert_eq!(methods.trim(), format!("{RLS}.ShouldRateLimit"));
+
+    let service = grpcurl_ok(&[], addr, &["describe", RLS]);
+    assert!(service.contains("rpc ShouldRateLimit"), "{service}");
+    assert!(
+        service.contains(".envoy.service.ratelimit.v3.RateLimitRequest"),
+        "{service}"
+    );
+
+    let request = grpcurl_ok(
+        &[],
+        addr,
+        &["describe", "envoy.service.ratelimit.v3.RateLimitRequest"],
+    );
+    for field in [
+        "string domain = 1;",
+        "descriptors = 2;",
+        "uint32 hits_addend = 3;",
+    ] {
+        assert!(request.contains(field), "no {field:?} in {request}");
+    }
+}
+
+#[test]
+fn grpcurl_json_call_decides_like_envoy_would() {
+    let tollgate = start();
+    let addr = tollgate.grpc_addr();
+    let alice = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}"#;
+
+    let first = should_rate_limit(addr, alice);
+    assert!(first.contains(r#""overallCode": "OK""#), "{first}");
+    assert!(first.contains(r#""requestsPerUnit": 5"#), "{first}");
+    assert!(first.contains(r#""unit": "MINUTE""#), "{first}");
+    assert!(first.contains(r#""limitRemaining": 4"#), "{first}");
+
+    for _ in 0..4 {
+        should_rate_limit(addr, alice);
+    }
+    let over = should_rate_limit(addr, alice);
+    assert!(over.contains(r#""overallCode": "OVER_LIMIT""#), "{over}");
+    assert!(over.contains(r#""key": "retry-after""#), "{over}");
+
+    let health = grpcurl_ok(
+        &["-d", &format!(r#"{{"service":"{RLS}"}}"#)],
+        addr,
+        &["grpc.health.v1.Health/Check"],
+    );
+    assert!(health.contains(r#""status": "SERVING""#), "{health}");
+}
+
+#[test]
+fn grpcurl_shows_invalid_argument_for_bad_input() {
+    let tollgate = start();
+    let output = grpcurl(
+        &[
+            "-d",
+            r#"{"domain":"","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}"#,
+        ],
+        tollgate.grpc_addr(),
+        &[&format!("{RLS}/ShouldRateLimit")],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("InvalidArgument"), "{stderr}");
+}
+
+/// Reflection v1 (what current grpcurl releases try first) lists the same services.
+#[test]
+fn reflection_v1_lists_the_services() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let tollgate = start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime");
+    let names = runtime.block_on(async {
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", tollgate.grpc_addr()))
+                .expect("a valid URI")
+                .connect()
+                .await
+                .expect("connect");
+        let mut client = ServerReflectionClient::new(channel);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut responses = client
+            .server_reflection_info(tonic::codegen::tokio_stream::iter([request]))
+            .await
+            .expect("reflection call")
+            .into_inner();
+        let response = responses
+            .message()
+            .await
+            .expect("a reflection answer")
+            .expect("one message");
+        match response.message_response {
+            Some(MessageResponse::ListServicesResponse(list)) => list
+                .service
+                .into_iter()
+                .map(|service| service.name)
+                .collect::<Vec<_>>(),
+            other => panic!("unexpected reflection answer {other:?}"),
+        }
+    });
+    assert!(names.iter().any(|name| name == RLS), "{names:?}");
+    assert!(
+        names.iter().any(|name| name == "grpc.health.v1.Health"),
+        "{names:?}"
+    );
+}
