@@ -104,6 +104,9 @@ struct ServeArgs {
     /// How often the config path is checked for changes (SIGHUP reloads at once).
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     reload_interval: Duration,
+    /// How long SIGTERM waits for calls and streams in flight before exiting anyway.
+    #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
     /// Log format.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -181,6 +184,7 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             http_addr: args.http_addr,
             config_path: args.config.clone(),
             reload_interval: args.reload_interval,
+            drain_timeout: args.drain_timeout,
         };
         server::serve(limiter, options, termination())
             .await

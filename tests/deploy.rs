@@ -1,9 +1,10 @@
 //! The deployment examples under `deploy/` are checked here, since no container engine or
 //! Kubernetes cluster runs in the test environment: Envoy validates the bootstrap and runs it
 //! against tollgate serving the example policies; the Kubernetes manifests are parsed and held to
-//! the operational rules (gRPC health probes, a locked-down non-root container, resources, the
-//! policies ConfigMap loading with `tollgate check`); the Dockerfile is read for a multi-stage
-//! static, non-root build.
+//! the operational rules (gRPC health probes on service names tollgate answers, readiness on the
+//! RLS service and liveness on one that ignores Redis, a locked-down non-root container,
+//! resources, the policies ConfigMap loading with `tollgate check`); the Dockerfile is read for a
+//! multi-stage static, non-root build.
 
 #[allow(dead_code)]
 mod support;
@@ -14,13 +15,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use saphyr::{LoadableYamlNode, YamlOwned};
+use tollgate::proto::RLS_SERVICE_NAME as RLS;
+use tollgate::server::health::LIVENESS_SERVICE;
+use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::envoy::{Envoy, Reply};
-use support::net::free_addr;
-use support::tollgate::{Tollgate, tollgate_bin};
+use support::envoy::Envoy;
+use support::net::{Reply, free_addr};
+use support::tollgate::{Tollgate, health_status, tollgate_bin};
 use support::tools::{envoy_bin, manifest_dir};
-
-const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
 fn repo_path(relative: &str) -> PathBuf {
     manifest_dir().join(relative)
@@ -431,7 +433,20 @@ fn tollgate_is_a_sidecar_with_grpc_health_probes() {
             "{probe}"
         );
     }
+    // Ready only while Redis answers; alive whatever Redis does, so an outage takes the pod
+    // out of the Service without restart loops, and a hung process is restarted promptly.
     assert_eq!(str_at(tollgate, "readinessProbe.grpc.service"), RLS);
+    assert_eq!(
+        str_at(tollgate, "livenessProbe.grpc.service"),
+        LIVENESS_SERVICE
+    );
+    let failure_threshold = int_at(tollgate, "livenessProbe.failureThreshold").unwrap_or(3);
+    let period = int_at(tollgate, "livenessProbe.periodSeconds").unwrap_or(10);
+    assert!(
+        (1..=5).contains(&failure_threshold) && failure_threshold * period <= 60,
+        "liveness gives up after {failure_threshold} x {period} s: a hung tollgate should be \
+         restarted within a minute"
+    );
 
     // The policies: the ConfigMap mounted where --config (here its env var) points.
     let args: Vec<&str> = seq_at(tollgate, "args")
@@ -494,6 +509,35 @@ fn tollgate_is_a_sidecar_with_grpc_health_probes() {
     for port in seq_at(&service.doc, "spec.ports") {
         let target = str_at(port, "targetPort");
         assert!(named_port(envoy, target) > 0);
+    }
+}
+
+/// The gRPC health service names the tollgate probes ask for are ones tollgate answers: with the
+/// example policies and a reachable backend, both are SERVING. (An unknown name would be
+/// NOT_FOUND, and Kubernetes would count every probe as failed.)
+#[test]
+fn tollgate_probes_ask_for_services_tollgate_serves() {
+    let manifests = manifests();
+    let deployment = find(&manifests, "Deployment", "edge-proxy");
+    let probed = container(deployment, "tollgate");
+    let tollgate = Tollgate::builder()
+        .policy("edge.yaml", &read("examples/edge.yaml"))
+        .start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime");
+    for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        let Some(service) = get(probed, &format!("{probe}.grpc.service")) else {
+            continue;
+        };
+        let service = service.as_str().expect("a service name");
+        let status = runtime.block_on(health_status(tollgate.grpc_addr(), service));
+        assert_eq!(
+            status,
+            Ok(ServingStatus::Serving),
+            "{probe} asks for {service}"
+        );
     }
 }
 

@@ -6,8 +6,8 @@ mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::envoy::{Action, Envoy, Reply};
-use support::net::free_addr;
+use support::envoy::{Action, Envoy};
+use support::net::{Reply, free_addr};
 use support::redis::{RedisCluster, RedisServer};
 use support::tollgate::Tollgate;
 

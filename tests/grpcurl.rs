@@ -7,8 +7,10 @@ mod support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
-use support::tollgate::Tollgate;
+use support::net::{agent, free_addr, send};
+use support::tollgate::{LIVENESS, Tollgate};
 use support::tools::grpcurl_bin;
 
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -105,12 +107,13 @@ fn grpcurl_json_call_decides_like_envoy_would() {
     assert!(over.contains(r#""overallCode": "OVER_LIMIT""#), "{over}");
     assert!(over.contains(r#""key": "retry-after""#), "{over}");
 
-    let health = grpcurl_ok(
-        &["-d", &format!(r#"{{"service":"{RLS}"}}"#)],
-        addr,
-        &["grpc.health.v1.Health/Check"],
-    );
-    assert!(health.contains(r#""status": "SERVING""#), "{health}");
+    for service in [RLS, LIVENESS] {
+        let health = health_check(addr, service);
+        assert!(
+            health.contains(r#""status": "SERVING""#),
+            "{service}: {health}"
+        );
+    }
 }
 
 #[test]
@@ -127,6 +130,57 @@ fn grpcurl_shows_invalid_argument_for_bad_input() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("InvalidArgument"), "{stderr}");
+}
+
+/// `grpc.health.v1.Health/Check` of `service`, as grpcurl prints it.
+fn health_check(addr: SocketAddr, service: &str) -> String {
+    grpcurl_ok(
+        &["-d", &format!(r#"{{"service":"{service}"}}"#)],
+        addr,
+        &["grpc.health.v1.Health/Check"],
+    )
+}
+
+/// What the Kubernetes probes ask, with nothing listening at the Redis URL: the process is alive
+/// (`tollgate.liveness` SERVING) but not ready (the RLS service and the server as a whole
+/// NOT_SERVING), so an outage takes it out of rotation without restarting it.
+#[test]
+fn grpcurl_health_tells_liveness_from_readiness_while_redis_is_down() {
+    let nowhere = format!("redis://{}", free_addr());
+    let tollgate = Tollgate::builder()
+        .policy(
+            "edge.yaml",
+            "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+        )
+        .args(["--backend", "redis", "--redis-url", &nowhere])
+        .start_alive();
+    let addr = tollgate.grpc_addr();
+
+    // Past the first backend probe, so the answers below describe the outage, not the start.
+    let http = agent();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = send(&http, "GET", &tollgate.url("/healthcheck"), &[], None);
+        if reply.status == 503 && !reply.body.contains("not probed yet") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failed probe yet: {reply:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let alive = health_check(addr, LIVENESS);
+    assert!(alive.contains(r#""status": "SERVING""#), "{alive}");
+    for service in [RLS, ""] {
+        let ready = health_check(addr, service);
+        assert!(
+            ready.contains(r#""status": "NOT_SERVING""#),
+            "{service:?}: {ready}"
+        );
+    }
 }
 
 /// Reflection v1 (what current grpcurl releases try first) lists the same services.

@@ -84,7 +84,10 @@ async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Respon
     }
     let request = match parse_request(&types.request, &body) {
         Ok(request) => request,
-        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+        Err(message) => {
+            app.metrics.observe_unreadable();
+            return text(StatusCode::BAD_REQUEST, message);
+        }
     };
     let response = match app.decide(request).await {
         Ok(response) => response,

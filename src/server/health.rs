@@ -53,7 +53,7 @@ impl Health {
         if state.draining {
             Err("draining: shutting down".into())
         } else if let Some(error) = state.backend_error {
-            Err(format!("backend unavailable: {error}"))
+            Err(error)
         } else {
             Ok(())
         }
@@ -115,7 +115,9 @@ pub async fn probe_backend<B: Backend>(health: Arc<Health>, limiter: Arc<Limiter
         let error = match result {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!("no answer to a ping within {PROBE_INTERVAL:?}")),
+            Err(_) => Some(format!(
+                "backend unavailable: no answer to a ping within {PROBE_INTERVAL:?}"
+            )),
         };
         health.set_backend_error(error).await;
     }

@@ -55,12 +55,26 @@ impl Metrics {
             "Time to decide one rate limit request",
             latency.clone(),
         );
+        // Every series exists from the start, so rate() works before the first request.
+        for code in ["ok", "over_limit", "invalid"] {
+            drop(requests.get_or_create(&CodeLabel { code }));
+        }
+        for code in ["ok", "over_limit"] {
+            drop(descriptors.get_or_create(&CodeLabel { code }));
+        }
         Metrics {
             registry,
             requests,
             descriptors,
             latency,
         }
+    }
+
+    /// Records a request refused before it could be decided (e.g. a body that is not JSON).
+    pub fn observe_unreadable(&self) {
+        self.requests
+            .get_or_create(&CodeLabel { code: "invalid" })
+            .inc();
     }
 
     /// Records one answered request.

@@ -56,6 +56,8 @@ pub struct ServeOptions {
     pub config_path: PathBuf,
     /// How often the config path is checked for changes.
     pub reload_interval: Duration,
+    /// How long a shutdown waits for calls and streams in flight before cutting them.
+    pub drain_timeout: Duration,
 }
 
 /// Why serving stopped with an error.
@@ -118,6 +120,7 @@ pub async fn serve<B: Backend>(
 
     // One shutdown signal fans out to both servers after health has turned NOT_SERVING.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_rx_deadline = stop_rx.clone();
     let drain_health = Arc::clone(&health);
     tokio::spawn(async move {
         shutdown.await;
@@ -150,12 +153,30 @@ pub async fn serve<B: Backend>(
     let http = axum::serve(http_listener, admin::router(Arc::clone(&app)))
         .with_graceful_shutdown(stopped(stop_rx));
 
-    let (grpc_result, http_result) = tokio::join!(grpc, async { http.await });
+    // Long-lived streams (health Watch) would hold a graceful shutdown open forever; after the
+    // drain deadline whatever is still open is cut.
+    let drain_deadline = async {
+        stopped(stop_rx_deadline).await;
+        tokio::time::sleep(options.drain_timeout).await;
+    };
+    let servers = async { tokio::join!(grpc, async { http.await }) };
+    let outcome = tokio::select! {
+        (grpc_result, http_result) = servers => Some((grpc_result, http_result)),
+        () = drain_deadline => None,
+    };
     probe.abort();
     reloader.abort();
-    grpc_result?;
-    http_result.map_err(ServeError::Http)?;
-    tracing::info!("stopped");
+    match outcome {
+        Some((grpc_result, http_result)) => {
+            grpc_result?;
+            http_result.map_err(ServeError::Http)?;
+            tracing::info!("stopped");
+        }
+        None => tracing::warn!(
+            timeout = ?options.drain_timeout,
+            "drain deadline passed; closing the streams still open"
+        ),
+    }
     Ok(())
 }
 

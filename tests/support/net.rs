@@ -1,6 +1,8 @@
-//! Loopback ports for the servers a test starts.
+//! Loopback networking for tests: free ports for the servers a test starts, and a plain HTTP
+//! client for talking to them.
 
 use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
 
 /// A `127.0.0.1` address whose port was free a moment ago.
 ///
@@ -11,4 +13,74 @@ pub fn free_addr() -> SocketAddr {
     listener
         .local_addr()
         .expect("local address of a bound listener")
+}
+
+/// An HTTP client that reports every status (a 429 or 500 is an answer here, not an error).
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into()
+}
+
+/// An HTTP response: status, headers (names lower-case, in arrival order) and body.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// The headers.
+    pub headers: Vec<(String, String)>,
+    /// The body as text.
+    pub body: String,
+}
+
+impl Reply {
+    /// The first value of header `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// Sends one request and collects the whole response.
+pub fn send(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Reply {
+    let mut request = ureq::http::Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(body.unwrap_or_default().to_owned())
+        .expect("a well-formed request");
+    let mut response = agent
+        .run(request)
+        .unwrap_or_else(|err| panic!("{method} {url}: {err}"));
+    let status = response.status().as_u16();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .unwrap_or_else(|err| panic!("{method} {url}: reading the body: {err}"));
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }

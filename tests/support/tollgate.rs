@@ -1,11 +1,11 @@
 //! Runs the real `tollgate` binary for a test: policies written to a temporary config directory,
 //! gRPC and admin HTTP on free loopback ports, started and ready (gRPC health SERVING) before the
-//! test goes on, killed when the handle drops.
+//! test goes on, killed when the handle drops; or stopped with SIGTERM to watch it drain.
 
 use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -14,6 +14,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use super::net::free_addr;
+
+/// The gRPC health service name that is SERVING whenever tollgate runs and is not draining.
+pub use tollgate::server::health::LIVENESS_SERVICE as LIVENESS;
 
 /// How long a debug build on a busy machine may take to become SERVING.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,8 +53,19 @@ impl TollgateBuilder {
         self
     }
 
-    /// Starts tollgate and waits until its gRPC health service answers SERVING.
+    /// Starts tollgate and waits until its gRPC health service answers SERVING (policies
+    /// loaded, backend answering).
     pub fn start(self) -> Tollgate {
+        self.start_until("")
+    }
+
+    /// Starts tollgate and waits only until it is alive (`tollgate.liveness` SERVING), for tests
+    /// whose backend is not reachable yet and so never becomes ready.
+    pub fn start_alive(self) -> Tollgate {
+        self.start_until(LIVENESS)
+    }
+
+    fn start_until(self, service: &str) -> Tollgate {
         let dir = tempfile::tempdir().expect("create a temporary directory");
         let config_dir = dir.path().join("config");
         std::fs::create_dir(&config_dir).expect("create the config directory");
@@ -70,7 +84,7 @@ impl TollgateBuilder {
                 _dir: None,
             };
             tollgate.spawn();
-            match tollgate.wait_serving() {
+            match tollgate.wait_serving(service) {
                 Ok(()) => {
                     tollgate._dir = Some(dir);
                     return tollgate;
@@ -131,6 +145,47 @@ impl Tollgate {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// `http://<admin address><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http_addr)
+    }
+
+    /// The process id while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends SIGTERM (with `kill -TERM`, as a container runtime would), asking for a graceful
+    /// shutdown; [`Tollgate::wait_exit`] collects the result.
+    pub fn terminate(&self) {
+        let pid = self.pid().expect("tollgate is running");
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill -TERM");
+        assert!(status.success(), "kill -TERM {pid} failed: {status}");
+    }
+
+    /// Waits up to `limit` for the process to exit and answers its exit status; panics (after
+    /// killing it) if it is still running by then.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("tollgate is running");
+        let deadline = Instant::now() + limit;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("tollgate did not exit within {limit:?}\n{}", self.log());
+                }
+            }
+        }
+    }
+
     /// Kills the process (as a crash or an outage would) and waits for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -160,8 +215,8 @@ impl Tollgate {
         self.child = Some(child);
     }
 
-    /// Polls gRPC health until SERVING; on failure returns the log.
-    fn wait_serving(&mut self) -> Result<(), String> {
+    /// Polls gRPC health of `service` until SERVING; on failure returns the log.
+    fn wait_serving(&mut self, service: &str) -> Result<(), String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -175,7 +230,7 @@ impl Tollgate {
                 self.child = None;
                 return Err(format!("tollgate exited with {status}\n{}", self.log()));
             }
-            match runtime.block_on(health_status(self.grpc_addr, "")) {
+            match runtime.block_on(health_status(self.grpc_addr, service)) {
                 Ok(ServingStatus::Serving) => return Ok(()),
                 Ok(status) => last_answer = format!("{status:?}"),
                 Err(err) => last_answer = err,

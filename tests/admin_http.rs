@@ -1,0 +1,1015 @@
+//! The admin HTTP interface, over real HTTP against the real `tollgate` binary: `POST /json`
+//! speaks proto3 JSON and decides exactly as the gRPC service does (one counter behind both),
+//! `/rlconfig` shows the loaded limits and follows hot reloads, `/metrics` counts requests by
+//! code, `/healthcheck` follows the backend, and SIGTERM drains before a clean exit.
+
+#[allow(dead_code)]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use tokio::runtime::Runtime;
+use tollgate::proto::rate_limit_descriptor::Entry;
+use tollgate::proto::rate_limit_response::{Code, rate_limit::Unit};
+use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
+use tollgate::proto::{HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use support::net::{Reply, agent, send};
+use support::redis::RedisServer;
+use support::tollgate::{LIVENESS, Tollgate, health_status};
+
+const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// How long a poll for a state change (a reload, a health flip) may take on a busy machine.
+const POLL_LIMIT: Duration = Duration::from_secs(10);
+
+/// Blocking access to one tollgate over both of its interfaces.
+struct Client {
+    http: ureq::Agent,
+    http_addr: SocketAddr,
+    grpc_addr: SocketAddr,
+    runtime: Runtime,
+    rls: RateLimitServiceClient<Channel>,
+}
+
+impl Client {
+    fn new(tollgate: &Tollgate) -> Client {
+        // Worker threads keep the connections' background tasks running between calls, as in
+        // any real client, so a dropped stream is cancelled at once.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("build a tokio runtime");
+        let channel = runtime
+            .block_on(connect(tollgate.grpc_addr()))
+            .expect("connect to tollgate's gRPC port");
+        Client {
+            http: agent(),
+            http_addr: tollgate.http_addr(),
+            grpc_addr: tollgate.grpc_addr(),
+            runtime,
+            rls: RateLimitServiceClient::new(channel),
+        }
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        send(
+            &self.http,
+            "GET",
+            &format!("http://{}{path}", self.http_addr),
+            &[],
+            None,
+        )
+    }
+
+    /// `POST /json` with `body` as it is.
+    fn post_json(&self, body: &str) -> Reply {
+        send(
+            &self.http,
+            "POST",
+            &format!("http://{}/json", self.http_addr),
+            &[("content-type", "application/json")],
+            Some(body),
+        )
+    }
+
+    /// `POST /json` of `request`, which must answer JSON: the status and the parsed body.
+    fn json(&self, request: &Value) -> (u16, Value) {
+        let reply = self.post_json(&request.to_string());
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/json"),
+            "{reply:?}"
+        );
+        let body = serde_json::from_str(&reply.body)
+            .unwrap_or_else(|err| panic!("the /json answer is not JSON ({err}): {reply:?}"));
+        (reply.status, body)
+    }
+
+    /// `ShouldRateLimit` over gRPC with the protobuf form of the JSON `request`.
+    fn grpc(&mut self, request: &Value) -> Result<RateLimitResponse, tonic::Status> {
+        let request = request_proto(request);
+        self.runtime
+            .block_on(self.rls.should_rate_limit(request))
+            .map(tonic::Response::into_inner)
+    }
+
+    fn health(&self, service: &str) -> ServingStatus {
+        self.runtime
+            .block_on(health_status(self.grpc_addr, service))
+            .unwrap_or_else(|err| panic!("gRPC health check of {service:?}: {err}"))
+    }
+
+    /// Polls `GET path` until `done` holds for the reply, answering that reply.
+    fn poll(&self, path: &str, what: &str, done: impl Fn(&Reply) -> bool) -> Reply {
+        let deadline = Instant::now() + POLL_LIMIT;
+        loop {
+            let reply = self.get(path);
+            if done(&reply) {
+                return reply;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {POLL_LIMIT:?} waiting for {what}; last answer: {reply:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a valid URI")
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+}
+
+/// A request for `domain` with one descriptor per list of entries, as proto3 JSON.
+fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> Value {
+    let descriptors: Vec<Value> = descriptors
+        .iter()
+        .map(|entries| {
+            let entries: Vec<Value> = entries
+                .iter()
+                .map(|(key, value)| json!({"key": key, "value": value}))
+                .collect();
+            json!({ "entries": entries })
+        })
+        .collect();
+    json!({"domain": domain, "descriptors": descriptors})
+}
+
+/// The protobuf form of a JSON request made by [`request`] (plus an optional `hitsAddend`),
+/// converted by hand so that the gRPC side does not share the server's JSON code.
+fn request_proto(request: &Value) -> RateLimitRequest {
+    let object = request.as_object().expect("a JSON object");
+    for key in object.keys() {
+        assert!(
+            ["domain", "descriptors", "hitsAddend"].contains(&key.as_str()),
+            "request_proto does not convert {key:?}"
+        );
+    }
+    let text = |value: &Value| value.as_str().expect("a string").to_owned();
+    RateLimitRequest {
+        domain: object.get("domain").map(text).unwrap_or_default(),
+        descriptors: object
+            .get("descriptors")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|descriptor| RateLimitDescriptor {
+                entries: descriptor["entries"]
+                    .as_array()
+                    .expect("entries")
+                    .iter()
+                    .map(|entry| Entry {
+                        key: text(&entry["key"]),
+                        value: text(&entry["value"]),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: object
+            .get("hitsAddend")
+            .map(|n| u32::try_from(n.as_u64().expect("a number")).expect("a u32"))
+            .unwrap_or_default(),
+    }
+}
+
+fn code_name(code: i32) -> &'static str {
+    Code::try_from(code)
+        .unwrap_or_else(|_| panic!("unknown code {code}"))
+        .as_str_name()
+}
+
+/// The proto3 JSON mapping of a gRPC response, written out by hand: lowerCamelCase names, enum
+/// names as strings, durations as `"<seconds>s"`, and fields at their default value left out.
+fn response_json(response: &RateLimitResponse) -> Value {
+    let mut out = Map::new();
+    if response.overall_code != 0 {
+        out.insert(
+            "overallCode".into(),
+            code_name(response.overall_code).into(),
+        );
+    }
+    let statuses: Vec<Value> = response
+        .statuses
+        .iter()
+        .map(|status| {
+            let mut out = Map::new();
+            if status.code != 0 {
+                out.insert("code".into(), code_name(status.code).into());
+            }
+            if let Some(limit) = &status.current_limit {
+                let mut current = Map::new();
+                if limit.requests_per_unit != 0 {
+                    current.insert("requestsPerUnit".into(), limit.requests_per_unit.into());
+                }
+                if limit.unit != 0 {
+                    let unit = Unit::try_from(limit.unit).expect("a known unit");
+                    current.insert("unit".into(), unit.as_str_name().into());
+                }
+                if !limit.name.is_empty() {
+                    current.insert("name".into(), limit.name.clone().into());
+                }
+                out.insert("currentLimit".into(), current.into());
+            }
+            if status.limit_remaining != 0 {
+                out.insert("limitRemaining".into(), status.limit_remaining.into());
+            }
+            if let Some(reset) = &status.duration_until_reset {
+                assert_eq!(reset.nanos, 0, "durations are whole seconds: {reset:?}");
+                out.insert(
+                    "durationUntilReset".into(),
+                    format!("{}s", reset.seconds).into(),
+                );
+            }
+            assert!(status.quota.is_none(), "no quota expected: {status:?}");
+            out.into()
+        })
+        .collect();
+    if !statuses.is_empty() {
+        out.insert("statuses".into(), statuses.into());
+    }
+    let headers = |headers: &[HeaderValue]| -> Value {
+        headers
+            .iter()
+            .map(|header| {
+                assert!(header.raw_value.is_empty(), "{header:?}");
+                json!({"key": header.key, "value": header.value})
+            })
+            .collect::<Vec<_>>()
+            .into()
+    };
+    if !response.response_headers_to_add.is_empty() {
+        out.insert(
+            "responseHeadersToAdd".into(),
+            headers(&response.response_headers_to_add),
+        );
+    }
+    if !response.request_headers_to_add.is_empty() {
+        out.insert(
+            "requestHeadersToAdd".into(),
+            headers(&response.request_headers_to_add),
+        );
+    }
+    assert!(response.raw_body.is_empty(), "{response:?}");
+    assert!(response.dynamic_metadata.is_none(), "{response:?}");
+    assert!(response.quota.is_none(), "{response:?}");
+    out.into()
+}
+
+/// Seconds of a proto3 JSON duration such as `"60s"`.
+fn seconds(duration: &Value) -> u64 {
+    duration
+        .as_str()
+        .and_then(|text| text.strip_suffix('s'))
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("{duration} is not a duration in whole seconds"))
+}
+
+/// The time-dependent parts of an OVER_LIMIT answer (`durationUntilReset` of the statuses that
+/// are over, the `retry-after` value) checked for consistency and then masked, so two answers
+/// given moments apart compare equal. `window` bounds the retry time.
+fn mask_retry_times(mut response: Value, window: u64) -> Value {
+    let mut longest = 0;
+    let statuses = response.get_mut("statuses").and_then(Value::as_array_mut);
+    for status in statuses.into_iter().flatten() {
+        if status["code"] == "OVER_LIMIT" {
+            let retry = seconds(&status["durationUntilReset"]);
+            assert!((1..=window).contains(&retry), "{status}");
+            longest = longest.max(retry);
+            status["durationUntilReset"] = "<retry>".into();
+        }
+    }
+    let headers = response
+        .get_mut("responseHeadersToAdd")
+        .and_then(Value::as_array_mut);
+    for header in headers.into_iter().flatten() {
+        if header["key"] == "retry-after" {
+            assert_eq!(header["value"], longest.to_string(), "{header}");
+            header["value"] = "<retry>".into();
+        }
+    }
+    response
+}
+
+/// Every object key in `value`, recursively.
+fn keys(value: &Value) -> Vec<String> {
+    match value {
+        Value::Object(map) => map
+            .iter()
+            .flat_map(|(key, value)| std::iter::once(key.clone()).chain(keys(value)))
+            .collect(),
+        Value::Array(items) => items.iter().flat_map(keys).collect(),
+        _ => Vec::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// POST /json
+
+#[test]
+fn json_speaks_proto3_json_in_and_out() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit:
+      algorithm: sliding_window_log
+      unit: minute
+      requests_per_unit: 5
+      name: per-user
+  - key: export
+    rate_limit: {window: 90s, requests_per_unit: 30}
+",
+    );
+    let client = Client::new(&tollgate);
+
+    let mut first = request(
+        "edge",
+        &[
+            &[("user", "alice")],
+            &[("export", "k1")],
+            &[("unlisted", "x")],
+        ],
+    );
+    first["hitsAddend"] = 2.into();
+    let (status, mut answer) = client.json(&first);
+    assert_eq!(status, 200, "{answer}");
+    for key in keys(&answer) {
+        assert!(
+            !key.contains('_'),
+            "{key:?} is not lowerCamelCase: {answer}"
+        );
+    }
+    // A 90 s window is no whole unit: the unit is UNKNOWN, the enum default, so it is left out;
+    // the counter's reset time depends on where in its fixed window the call fell.
+    let export_reset = seconds(&answer["statuses"][1]["durationUntilReset"]);
+    assert!((90..=180).contains(&export_reset), "{answer}");
+    answer["statuses"][1]["durationUntilReset"] = "<reset>".into();
+    assert_eq!(
+        answer,
+        json!({
+            "overallCode": "OK",
+            "statuses": [
+                {
+                    "code": "OK",
+                    "currentLimit": {"requestsPerUnit": 5, "unit": "MINUTE", "name": "per-user"},
+                    "limitRemaining": 3,
+                    "durationUntilReset": "60s",
+                },
+                {
+                    "code": "OK",
+                    "currentLimit": {"requestsPerUnit": 30},
+                    "limitRemaining": 28,
+                    "durationUntilReset": "<reset>",
+                },
+                {"code": "OK"},
+            ],
+        })
+    );
+
+    // Parsers accept the proto field names too.
+    let reply = client.post_json(
+        r#"{"domain":"edge","hits_addend":1,"descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}"#,
+    );
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let answer: Value = serde_json::from_str(&reply.body).expect("JSON");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 2, "{answer}");
+
+    // A descriptor's hitsAddend is a UInt64Value, a JSON string for 64-bit numbers; 0 only checks.
+    let (status, answer) = client.json(&json!({
+        "domain": "edge",
+        "descriptors": [{"entries": [{"key": "user", "value": "alice"}], "hitsAddend": "0"}],
+    }));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 2, "{answer}");
+
+    // An enum in the request is its name: a per-request limit override of 3 per hour.
+    let (status, answer) = client.json(&json!({
+        "domain": "edge",
+        "descriptors": [{
+            "entries": [{"key": "user", "value": "bob"}],
+            "limit": {"requestsPerUnit": 3, "unit": "HOUR"},
+        }],
+    }));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["statuses"][0]["currentLimit"],
+        json!({"requestsPerUnit": 3, "unit": "HOUR"}),
+        "{answer}"
+    );
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 2, "{answer}");
+
+    // The last two units: remaining 0 is the default value, so it is left out.
+    let mut last = request("edge", &[&[("user", "alice")]]);
+    last["hitsAddend"] = 2.into();
+    let (status, answer) = client.json(&last);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["statuses"][0]["code"], "OK", "{answer}");
+    assert!(
+        answer["statuses"][0].get("limitRemaining").is_none(),
+        "{answer}"
+    );
+}
+
+/// One counter stands behind both interfaces: calls alternating between `/json` and gRPC on one
+/// key count down together, and each answer is the one the other interface would have given.
+#[test]
+fn json_and_grpc_share_counters_and_answer_alike() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {algorithm: sliding_window_log, unit: minute, requests_per_unit: 6}
+",
+    );
+    let mut client = Client::new(&tollgate);
+    let carol = request("edge", &[&[("user", "carol")], &[("unlisted", "x")]]);
+
+    for step in 0..10u32 {
+        let over = step >= 6;
+        let via_json = step % 2 == 0;
+        let answer = if via_json {
+            let (status, answer) = client.json(&carol);
+            assert_eq!(
+                status,
+                if over { 429 } else { 200 },
+                "step {step}: {answer}"
+            );
+            answer
+        } else {
+            let response = client
+                .grpc(&carol)
+                .unwrap_or_else(|status| panic!("step {step}: {status}"));
+            response_json(&response)
+        };
+        let expected = if over {
+            json!({
+                "overallCode": "OVER_LIMIT",
+                "statuses": [
+                    {
+                        "code": "OVER_LIMIT",
+                        "currentLimit": {"requestsPerUnit": 6, "unit": "MINUTE"},
+                        "durationUntilReset": "<retry>",
+                    },
+                    {"code": "OK"},
+                ],
+                "responseHeadersToAdd": [{"key": "retry-after", "value": "<retry>"}],
+            })
+        } else {
+            let mut status = json!({
+                "code": "OK",
+                "currentLimit": {"requestsPerUnit": 6, "unit": "MINUTE"},
+                "durationUntilReset": "60s",
+            });
+            if step < 5 {
+                status["limitRemaining"] = (5 - step).into();
+            }
+            json!({"overallCode": "OK", "statuses": [status, {"code": "OK"}]})
+        };
+        let via = if via_json { "/json" } else { "gRPC" };
+        assert_eq!(
+            mask_retry_times(answer, 60),
+            expected,
+            "step {step} via {via}"
+        );
+    }
+
+    // Bad input: the same refusal with the same message from both.
+    let bad = request("", &[&[("user", "carol")]]);
+    let reply = client.post_json(&bad.to_string());
+    assert_eq!(reply.status, 400, "{reply:?}");
+    let status = client.grpc(&bad).expect_err("INVALID_ARGUMENT");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    assert_eq!(reply.body.trim(), status.message());
+}
+
+#[test]
+fn json_answers_429_with_retry_after_once_the_limit_is_reached() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+",
+    );
+    let client = Client::new(&tollgate);
+    let dave = request("edge", &[&[("user", "dave")]]);
+
+    for remaining in [Some(2), Some(1), None] {
+        let (status, answer) = client.json(&dave);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["overallCode"], "OK", "{answer}");
+        assert_eq!(
+            answer["statuses"][0]["limitRemaining"].as_u64(),
+            remaining,
+            "{answer}"
+        );
+        assert!(answer.get("responseHeadersToAdd").is_none(), "{answer}");
+    }
+
+    for _ in 0..2 {
+        let (status, answer) = client.json(&dave);
+        assert_eq!(status, 429, "{answer}");
+        assert_eq!(answer["overallCode"], "OVER_LIMIT", "{answer}");
+        let over = &answer["statuses"][0];
+        assert_eq!(over["code"], "OVER_LIMIT", "{answer}");
+        assert!(over.get("limitRemaining").is_none(), "{answer}");
+        // The earliest admission of a sliding window counter lies within two windows.
+        let retry = seconds(&over["durationUntilReset"]);
+        assert!((1..=120).contains(&retry), "{answer}");
+        assert_eq!(
+            answer["responseHeadersToAdd"],
+            json!([{"key": "retry-after", "value": retry.to_string()}]),
+            "{answer}"
+        );
+    }
+}
+
+#[test]
+fn json_refuses_bad_input_with_400_and_a_message() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+    );
+    let client = Client::new(&tollgate);
+    let alice = r#"{"entries":[{"key":"user","value":"alice"}]}"#;
+    let cases = [
+        (r#"{"domain":"edge","#.to_owned(), "proto3 JSON"),
+        (String::new(), "proto3 JSON"),
+        ("user=alice".to_owned(), "proto3 JSON"),
+        (
+            format!(r#"{{"domain":"edge","descripters":[{alice}]}}"#),
+            "descripters",
+        ),
+        (
+            format!(r#"{{"domain":"edge","descriptors":[{alice}],"hitsAddend":"many"}}"#),
+            "proto3 JSON",
+        ),
+        (
+            r#"{"domain":"edge","descriptors":"user"}"#.to_owned(),
+            "proto3 JSON",
+        ),
+        (
+            format!(r#"{{"domain":"edge","descriptors":[{alice}]}} {{}}"#),
+            "trailing",
+        ),
+        (
+            format!(r#"{{"domain":"","descriptors":[{alice}]}}"#),
+            "domain must not be empty",
+        ),
+        (
+            format!(r#"{{"descriptors":[{alice}]}}"#),
+            "domain must not be empty",
+        ),
+        (
+            r#"{"domain":"edge","descriptors":[]}"#.to_owned(),
+            "descriptor list must not be empty",
+        ),
+        (
+            r#"{"domain":"edge","descriptors":[{"entries":[]}]}"#.to_owned(),
+            "has no entries",
+        ),
+        (
+            r#"{"domain":"edge","descriptors":[{"entries":[{"key":"","value":"alice"}]}]}"#
+                .to_owned(),
+            "empty key",
+        ),
+    ];
+    for (body, expected) in &cases {
+        let reply = client.post_json(body);
+        assert_eq!(reply.status, 400, "{body:?}: {reply:?}");
+        assert!(
+            reply.body.contains(expected),
+            "the 400 for {body:?} should mention {expected:?}: {reply:?}"
+        );
+    }
+
+    // Refused input touched no counter.
+    let (status, answer) = client.json(&request("edge", &[&[("user", "alice")]]));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 4, "{answer}");
+
+    // Only POST carries a request.
+    assert_eq!(client.get("/json").status, 405);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /rlconfig and reloads
+
+/// The `/rlconfig` table: one row of whitespace-separated columns per limit.
+fn rlconfig(client: &Client) -> Vec<Vec<String>> {
+    let reply = client.get("/rlconfig");
+    assert_eq!(reply.status, 200, "{reply:?}");
+    table(&reply.body)
+}
+
+fn table(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .map(|line| line.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+fn rows(rows: &[&str]) -> Vec<Vec<String>> {
+    table(&rows.join("\n"))
+}
+
+#[test]
+fn rlconfig_lists_the_loaded_limits_and_follows_reloads() {
+    let tollgate = Tollgate::builder()
+        .policy(
+            "edge.yaml",
+            "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per-user}
+  - key: path
+    value: /login
+    rate_limit: {algorithm: sliding_window_log, unit: minute, requests_per_unit: 100}
+",
+        )
+        .args(["--reload-interval", "200ms"])
+        .start();
+    let client = Client::new(&tollgate);
+    let config = tollgate.config_dir();
+
+    assert_eq!(
+        rlconfig(&client),
+        rows(&[
+            "edge.path_/login  sliding_window_log      100  minute  -",
+            "edge.user         sliding_window_counter    5  minute  name=per-user",
+        ])
+    );
+
+    // A new file in the config directory adds a domain.
+    std::fs::write(
+        config.join("api.yaml"),
+        "domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {window: 90s, requests_per_unit: 30, failure_mode: deny}
+",
+    )
+    .expect("write api.yaml");
+    let with_api = rows(&[
+        "api.tenant        sliding_window_counter   30  1m30s   failure_mode=deny",
+        "edge.path_/login  sliding_window_log      100  minute  -",
+        "edge.user         sliding_window_counter    5  minute  name=per-user",
+    ]);
+    client.poll("/rlconfig", "the api domain to load", |reply| {
+        table(&reply.body) == with_api
+    });
+    let (status, answer) = client.json(&request("api", &[&[("tenant", "t1")]]));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 29, "{answer}");
+
+    // A changed file changes its limits.
+    std::fs::write(
+        config.join("edge.yaml"),
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 7, name: per-user}
+",
+    )
+    .expect("rewrite edge.yaml");
+    let reloaded = rows(&[
+        "api.tenant  sliding_window_counter  30  1m30s   failure_mode=deny",
+        "edge.user   sliding_window_counter   7  minute  name=per-user",
+    ]);
+    client.poll("/rlconfig", "edge.yaml to reload", |reply| {
+        table(&reply.body) == reloaded
+    });
+    let (_, answer) = client.json(&request("edge", &[&[("user", "erin")]]));
+    assert_eq!(
+        answer["statuses"][0]["currentLimit"]["requestsPerUnit"], 7,
+        "{answer}"
+    );
+
+    // A broken file is refused as a whole: the last good config keeps serving.
+    let failures = |log: &str| log.matches("config reload failed").count();
+    let failed_before = failures(&tollgate.log());
+    std::fs::write(
+        config.join("broken.yaml"),
+        "domain: broken
+descriptors:
+  - key: user
+    rate_limt: {unit: minute, requests_per_unit: 1}
+",
+    )
+    .expect("write broken.yaml");
+    let deadline = Instant::now() + POLL_LIMIT;
+    while failures(&tollgate.log()) == failed_before {
+        assert!(
+            Instant::now() < deadline,
+            "no failed reload logged:\n{}",
+            tollgate.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(tollgate.log().contains("rate_limt"), "{}", tollgate.log());
+    assert_eq!(rlconfig(&client), reloaded);
+    let (status, answer) = client.json(&request("edge", &[&[("user", "erin")]]));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 5, "{answer}");
+    assert_eq!(client.get("/healthcheck").status, 200);
+
+    // Once the broken file is gone, reloads take again.
+    std::fs::remove_file(config.join("broken.yaml")).expect("remove broken.yaml");
+    std::fs::write(
+        config.join("api.yaml"),
+        "domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 40}
+",
+    )
+    .expect("rewrite api.yaml");
+    let recovered = rows(&[
+        "api.tenant  sliding_window_counter  40  hour    -",
+        "edge.user   sliding_window_counter   7  minute  name=per-user",
+    ]);
+    client.poll("/rlconfig", "the fixed config to load", |reply| {
+        table(&reply.body) == recovered
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /metrics
+
+/// The value of the sample `name` (with its labels) in a Prometheus text exposition; 0 when the
+/// sample is absent (a labelled counter appears with its first increment).
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().expect("a number"))
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn metrics_count_requests_by_code() {
+    let tollgate = Tollgate::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+",
+    );
+    let mut client = Client::new(&tollgate);
+
+    let before = client.get("/metrics");
+    assert_eq!(before.status, 200, "{before:?}");
+    let content_type = before.header("content-type").unwrap_or_default();
+    assert!(content_type.contains("text"), "{content_type}");
+    assert_eq!(
+        sample(&before.body, "tollgate_request_duration_seconds_count"),
+        0.0
+    );
+
+    let frank = request("edge", &[&[("user", "frank")], &[("unlisted", "x")]]);
+    let empty_domain = request("", &[&[("user", "frank")]]);
+    assert_eq!(client.json(&frank).0, 200);
+    client.grpc(&frank).expect("OK");
+    assert_eq!(client.json(&frank).0, 429);
+    client.grpc(&frank).expect("OVER_LIMIT");
+    client.grpc(&frank).expect("OVER_LIMIT");
+    assert_eq!(client.post_json(&empty_domain.to_string()).status, 400);
+    client.grpc(&empty_domain).expect_err("INVALID_ARGUMENT");
+
+    let metrics = client.get("/metrics").body;
+    let expected = [
+        (r#"tollgate_requests_total{code="ok"}"#, 2.0),
+        (r#"tollgate_requests_total{code="over_limit"}"#, 3.0),
+        (r#"tollgate_requests_total{code="invalid"}"#, 2.0),
+        (r#"tollgate_descriptors_total{code="ok"}"#, 2.0 + 5.0),
+        (r#"tollgate_descriptors_total{code="over_limit"}"#, 3.0),
+        ("tollgate_request_duration_seconds_count", 7.0),
+        (
+            r#"tollgate_request_duration_seconds_bucket{le="+Inf"}"#,
+            7.0,
+        ),
+    ];
+    for (name, value) in expected {
+        assert_eq!(sample(&metrics, name), value, "{name} in\n{metrics}");
+    }
+    for family in [
+        "# TYPE tollgate_requests counter\n",
+        "# TYPE tollgate_descriptors counter\n",
+        "# TYPE tollgate_request_duration_seconds histogram\n",
+    ] {
+        assert!(metrics.contains(family), "no {family:?} in\n{metrics}");
+    }
+    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /healthcheck and gRPC health with a Redis backend
+
+const REDIS_POLICY: &str = "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 5, failure_mode: deny}
+";
+
+/// With Redis down, tollgate is alive but not ready: `/healthcheck` says why, readiness is
+/// NOT_SERVING while liveness stays SERVING, and `/json` answers each limit's failure mode exactly
+/// as gRPC does. Once Redis listens, everything is SERVING and counting.
+#[test]
+fn healthcheck_follows_redis_going_and_coming_back() {
+    // Reserve a Redis port, then leave it closed until tollgate has noticed.
+    let mut redis = RedisServer::start();
+    redis.stop();
+    let tollgate = Tollgate::builder()
+        .policy("edge.yaml", REDIS_POLICY)
+        .args(["--backend", "redis", "--redis-url", &redis.url()])
+        .start_alive();
+    let mut client = Client::new(&tollgate);
+
+    let down = client.poll("/healthcheck", "a failed Redis probe", |reply| {
+        reply.status == 503 && !reply.body.contains("not probed yet")
+    });
+    let reason = down.body.trim();
+    assert!(
+        reason.starts_with("backend unavailable: ") && reason.len() > "backend unavailable: ".len(),
+        "{down:?}"
+    );
+    assert_eq!(
+        reason.matches("backend unavailable").count(),
+        1,
+        "the reason says it once: {reason:?}"
+    );
+    assert_eq!(client.health(RLS), ServingStatus::NotServing);
+    assert_eq!(client.health(""), ServingStatus::NotServing);
+    assert_eq!(client.health(LIVENESS), ServingStatus::Serving);
+
+    // Backend failures: the user limit fails open (the default), the tenant limit closed.
+    let allowed = request("edge", &[&[("user", "gina")]]);
+    let (status, answer) = client.json(&allowed);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["overallCode"], "OK", "{answer}");
+    let from_grpc = response_json(&client.grpc(&allowed).expect("an answer"));
+    assert_eq!(answer, from_grpc);
+
+    let denied = request("edge", &[&[("user", "gina")], &[("tenant", "t1")]]);
+    let (status, answer) = client.json(&denied);
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(answer["overallCode"], "OVER_LIMIT", "{answer}");
+    assert_eq!(answer["statuses"][1]["code"], "OVER_LIMIT", "{answer}");
+    let from_grpc = response_json(&client.grpc(&denied).expect("an answer"));
+    assert_eq!(
+        mask_retry_times(answer, 60),
+        mask_retry_times(from_grpc, 60)
+    );
+
+    redis.restart();
+    let up = client.poll("/healthcheck", "Redis to be back", |reply| {
+        reply.status == 200
+    });
+    assert_eq!(up.body, "OK\n");
+    assert_eq!(client.health(RLS), ServingStatus::Serving);
+    assert_eq!(client.health(""), ServingStatus::Serving);
+    assert_eq!(client.health(LIVENESS), ServingStatus::Serving);
+
+    // Now counted in Redis, by both interfaces.
+    let (status, answer) = client.json(&allowed);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 4, "{answer}");
+    let response = client.grpc(&allowed).expect("an answer");
+    assert_eq!(response.statuses[0].limit_remaining, 3, "{response:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGTERM
+
+/// Reads from `stream` until `done` holds for everything read so far (or the peer closes).
+fn read_until(stream: &mut TcpStream, done: impl Fn(&str) -> bool) -> String {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&received).into_owned();
+        if done(&text) {
+            return text;
+        }
+        match stream.read(&mut buffer) {
+            Ok(0) => return text,
+            Ok(read) => received.extend_from_slice(&buffer[..read]),
+            Err(err) => panic!("reading from tollgate: {err} (so far: {text:?})"),
+        }
+    }
+}
+
+/// SIGTERM turns every health service NOT_SERVING, closes the listeners, lets a call already in
+/// flight finish (answered 503 by `/json`, which does not start decisions while draining), and
+/// exits 0.
+#[test]
+fn sigterm_drains_and_exits_zero() {
+    let mut tollgate = Tollgate::builder()
+        .policy(
+            "config.yaml",
+            "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+        )
+        .args(["--drain-timeout", "1s"])
+        .start();
+    let client = Client::new(&tollgate);
+    let runtime = &client.runtime;
+
+    // Health watchers see the switch as it happens.
+    let mut watchers: Vec<_> = [RLS, LIVENESS]
+        .into_iter()
+        .map(|service| {
+            runtime.block_on(async {
+                let channel = connect(tollgate.grpc_addr()).await.expect("connect");
+                let mut stream = HealthClient::new(channel)
+                    .watch(HealthCheckRequest {
+                        service: service.to_owned(),
+                    })
+                    .await
+                    .expect("a health watch")
+                    .into_inner();
+                let first = stream.message().await.expect("a status").expect("one");
+                assert_eq!(first.status(), ServingStatus::Serving, "{service}");
+                (service, stream)
+            })
+        })
+        .collect();
+
+    // A `/json` call in flight: its head is read (the server asked for the body with
+    // `100 Continue`), its body not yet sent.
+    let body = request("edge", &[&[("user", "hank")]]).to_string();
+    let mut in_flight = TcpStream::connect(tollgate.http_addr()).expect("connect over HTTP");
+    in_flight
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    write!(
+        in_flight,
+        "POST /json HTTP/1.1\r\nhost: tollgate\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nexpect: 100-continue\r\n\r\n",
+        body.len()
+    )
+    .expect("send the request head");
+    let interim = read_until(&mut in_flight, |text| text.contains("\r\n\r\n"));
+    assert!(interim.starts_with("HTTP/1.1 100 Continue"), "{interim:?}");
+
+    tollgate.terminate();
+
+    for (service, stream) in &mut watchers {
+        let next = runtime
+            .block_on(async { tokio::time::timeout(POLL_LIMIT, stream.message()).await })
+            .unwrap_or_else(|_| panic!("no health change of {service:?} after SIGTERM"))
+            .expect("a status")
+            .expect("one");
+        assert_eq!(next.status(), ServingStatus::NotServing, "{service}");
+    }
+
+    // The listeners close once draining has begun...
+    let deadline = Instant::now() + POLL_LIMIT;
+    for addr in [tollgate.http_addr(), tollgate.grpc_addr()] {
+        while TcpStream::connect(addr).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "{addr} still accepts connections"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    // ...and the call in flight still gets its answer.
+    in_flight
+        .write_all(body.as_bytes())
+        .expect("send the request body");
+    let answer = read_until(&mut in_flight, |_| false);
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "a call finishing while draining: {answer:?}"
+    );
+    assert!(answer.contains("draining"), "{answer:?}");
+
+    // The watch streams are still open: the drain deadline, not the clients, ends the process.
+    let status = tollgate.wait_exit(POLL_LIMIT);
+    assert_eq!(status.code(), Some(0), "{status}\n{}", tollgate.log());
+    drop(watchers);
+}
