@@ -11,16 +11,27 @@ use tollgate::config::Config;
 use tollgate::descriptor::Entry;
 use tollgate::limiter::limiter_key;
 
+/// Tenants in the generated config when benchmarking; a tenth of that when `cargo test` runs the
+/// benchmarks once as a smoke test, where the unoptimized config load would dominate.
 const TENANTS: usize = 2_000;
 const HOST_WILDCARDS: usize = 500;
 const PATH_WILDCARDS: usize = 8;
 
-/// A domain with `TENANTS` exact tenants, each with wildcard paths and a key-only method below
+fn tenants() -> usize {
+    // `cargo bench` passes `--bench`; `cargo test` does not.
+    if std::env::args().any(|arg| arg == "--bench") {
+        TENANTS
+    } else {
+        TENANTS / 10
+    }
+}
+
+/// A domain with `tenants` exact tenants, each with wildcard paths and a key-only method below
 /// them (three levels), a key-only tenant fallback, and `HOST_WILDCARDS` host wildcards that are
 /// tried in config order.
-fn generated_yaml() -> String {
+fn generated_yaml(tenants: usize) -> String {
     let mut yaml = String::from("domain: bench\ndescriptors:\n");
-    for tenant in 0..TENANTS {
+    for tenant in 0..tenants {
         let _ = write!(
             yaml,
             "  - key: tenant\n    value: t{tenant}\n    \
@@ -55,7 +66,8 @@ fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
 }
 
 fn resolve(c: &mut Criterion) {
-    let yaml = generated_yaml();
+    let tenants = tenants();
+    let yaml = generated_yaml(tenants);
     let config = match Config::from_yaml("bench.yaml", &yaml) {
         Ok(config) => config,
         Err(error) => panic!("the generated config does not load: {error}"),
@@ -63,7 +75,7 @@ fn resolve(c: &mut Criterion) {
     let Some(domain) = config.domain("bench") else {
         panic!("the generated config has no domain `bench`");
     };
-    let last_tenant = format!("t{}", TENANTS - 1);
+    let last_tenant = format!("t{}", tenants - 1);
     let last_host = format!("api.h{}.example.com", HOST_WILDCARDS - 1);
     let cases: Vec<(&str, Vec<Entry>)> = vec![
         ("exact_1_level", entries(&[("tenant", &last_tenant)])),
@@ -129,12 +141,17 @@ fn resolve(c: &mut Criterion) {
 
 /// Parsing and building the whole generated config, as a reload does.
 fn load(c: &mut Criterion) {
-    let yaml = generated_yaml();
+    // Two sizes, to show how loading scales with the number of descriptors.
     let mut group = c.benchmark_group("load");
     group.sample_size(10);
-    group.bench_function("generated_config", |b| {
-        b.iter(|| Config::from_yaml("bench.yaml", black_box(&yaml)).is_ok())
-    });
+    for tenants in [tenants() / 4, tenants()] {
+        let yaml = generated_yaml(tenants);
+        group.bench_with_input(
+            BenchmarkId::new("generated_config_tenants", tenants),
+            &yaml,
+            |b, yaml| b.iter(|| Config::from_yaml("bench.yaml", black_box(yaml)).is_ok()),
+        );
+    }
     group.finish();
 }
 
