@@ -118,7 +118,15 @@ fn main() -> ExitCode {
         Command::Check { config } => check(&config),
         Command::Serve(args) => {
             init_logging(args.log_format);
-            match run_serve(args) {
+            // An invalid config stops startup with exactly the message `check` prints.
+            let config = match Config::load(&args.config) {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("{error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match run_serve(args, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("tollgate: {error:#}");
@@ -158,9 +166,7 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
-    // An invalid config stops startup with the same message `check` prints.
-    let config = Config::load(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?;
+fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }

@@ -1,0 +1,126 @@
+//! The command line: `tollgate check` prints the policy table or the first error as
+//! `file:line:column: message` (exit 1), and `serve` refuses a broken config with the same line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .expect("the tollgate binary runs")
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn check_prints_one_line_per_limit_of_the_examples() {
+    let out = tollgate(&["check", "--config", &examples().display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    for expected in [
+        "edge.user ",
+        "edge.path_/login.remote_address ",
+        "sliding_window_log",
+        "edge.api_key ",
+        "shards=8",
+        "failure_mode=deny",
+        "internal.client_batch-* ",
+    ] {
+        assert!(
+            table.contains(expected),
+            "{expected:?} missing from:\n{table}"
+        );
+    }
+}
+
+#[test]
+fn check_and_serve_report_the_same_error_with_its_position() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("broken.yaml");
+    std::fs::write(
+        &file,
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limt: {unit: second, requests_per_unit: 1}\n",
+    )
+    .expect("write the policy");
+    let path = dir.path().display().to_string();
+
+    let check = tollgate(&["check", "--config", &path]);
+    assert_eq!(check.status.code(), Some(1));
+    let message = text(&check.stderr);
+    let expected_prefix = format!("{}:4:5: unknown key `rate_limt`", file.display());
+    assert!(message.starts_with(&expected_prefix), "{message}");
+    assert!(message.contains("did you mean `rate_limit`"), "{message}");
+
+    // serve never binds: it stops at the config with exactly check's line.
+    let serve = tollgate(&[
+        "serve",
+        "--config",
+        &path,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    assert!(!serve.status.success());
+    assert!(
+        text(&serve.stderr).contains(message.trim()),
+        "{}",
+        text(&serve.stderr)
+    );
+}
+
+#[test]
+fn flags_read_their_environment_variables() {
+    let help = text(&tollgate(&["serve", "--help"]).stdout);
+    for variable in [
+        "TOLLGATE_GRPC_ADDR",
+        "TOLLGATE_HTTP_ADDR",
+        "TOLLGATE_BACKEND",
+        "TOLLGATE_REDIS_URL",
+        "TOLLGATE_KEY_PREFIX",
+        "TOLLGATE_BACKEND_TIMEOUT",
+        "TOLLGATE_FAILURE_MODE",
+        "TOLLGATE_SHADOW_MODE",
+        "TOLLGATE_RETRY_AFTER_HEADER",
+        "TOLLGATE_LOG_FORMAT",
+    ] {
+        assert!(
+            help.contains(variable),
+            "{variable} missing from serve --help"
+        );
+    }
+    // An invalid value from the environment is refused like the flag would be.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config", &examples().display().to_string()])
+        .env("TOLLGATE_BACKEND", "etcd")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("etcd"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn boolean_flags_take_explicit_values() {
+    // A broken value is rejected by the parser before anything starts.
+    let out = tollgate(&["serve", "--config", "/nonexistent", "--shadow-mode=maybe"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("maybe"), "{}", text(&out.stderr));
+    // Accepted spellings get past the parser and stop at the missing config instead.
+    for flag in [
+        "--shadow-mode",
+        "--shadow-mode=true",
+        "--retry-after-header=false",
+    ] {
+        let out = tollgate(&["serve", "--config", "/nonexistent/tollgate", flag]);
+        assert!(!out.status.success());
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("/nonexistent/tollgate"), "{flag}: {stderr}");
+    }
+}
