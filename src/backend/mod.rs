@@ -133,10 +133,8 @@ impl ShardKeys for AnyBackend {
     fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
         match self {
             AnyBackend::Memory(b) => b.shard_key(key, shard, shards),
-            // Placeholders until the Redis backends name their shards by hash tag (so shards
-            // land on different slots and masters); each arm then delegates like Memory's.
-            AnyBackend::Redis(_) => shard::plain_shard_key(key, shard),
-            AnyBackend::Cluster(_) => shard::plain_shard_key(key, shard),
+            AnyBackend::Redis(b) => b.shard_key(key, shard, shards),
+            AnyBackend::Cluster(b) => b.shard_key(key, shard, shards),
         }
     }
 }

@@ -504,7 +504,109 @@ impl RedisCluster {
     }
 }
 
+/// A master of a Redis Cluster and the slots it serves, as the live cluster reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotOwner {
+    /// The master's port on 127.0.0.1.
+    pub port: u16,
+    /// The inclusive slot ranges it serves.
+    pub ranges: Vec<(u16, u16)>,
+}
+
+impl SlotOwner {
+    /// Whether this master serves `slot`.
+    pub fn owns(&self, slot: u16) -> bool {
+        self.ranges
+            .iter()
+            .any(|&(first, last)| (first..=last).contains(&slot))
+    }
+}
+
+impl RedisCluster {
+    /// The slot map from `CLUSTER SHARDS` of a running node: each shard's master and its slots,
+    /// checked to cover all 16384 slots once.
+    pub fn slot_map(&self) -> Vec<SlotOwner> {
+        let any = self.running().next().expect("a running node");
+        let reply = any.cli(&["--json", "CLUSTER", "SHARDS"]);
+        let shards: serde_json::Value = serde_json::from_str(&reply)
+            .unwrap_or_else(|err| panic!("CLUSTER SHARDS {reply}: {err}"));
+        let mut owners = Vec::new();
+        for shard in shards.as_array().expect("CLUSTER SHARDS answers a list") {
+            let bounds: Vec<u16> = shard["slots"]
+                .as_array()
+                .expect("a shard's slots")
+                .iter()
+                .map(|b| {
+                    b.as_u64()
+                        .and_then(|b| u16::try_from(b).ok())
+                        .expect("a slot")
+                })
+                .collect();
+            if bounds.is_empty() {
+                continue;
+            }
+            let master = shard["nodes"]
+                .as_array()
+                .expect("a shard's nodes")
+                .iter()
+                .find(|node| node["role"] == "master" && node["health"] == "online")
+                .expect("a shard with slots has an online master");
+            owners.push(SlotOwner {
+                port: master["port"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .expect("a port"),
+                ranges: bounds.chunks(2).map(|pair| (pair[0], pair[1])).collect(),
+            });
+        }
+        let served: u32 = owners
+            .iter()
+            .flat_map(|owner| &owner.ranges)
+            .map(|&(first, last)| u32::from(last - first) + 1)
+            .sum();
+        assert_eq!(served, 16_384, "{owners:?}");
+        owners
+    }
+
+    /// The running masters.
+    pub fn masters(&self) -> impl Iterator<Item = &RedisServer> {
+        self.running()
+            .filter(|node| node.info_field("replication", "role").as_deref() == Some("master"))
+    }
+}
+
 impl RedisServer {
+    /// Every key matching `pattern` on this server.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        self.cli(&["--scan", "--pattern", pattern])
+            .lines()
+            .filter(|key| !key.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Calls per command since the last [`RedisServer::reset_stats`], from `INFO commandstats`
+    /// (`evalsha`, `eval`, `cluster|slots`, ...).
+    pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .filter_map(|line| {
+                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats
+                    .split(',')
+                    .find_map(|field| field.strip_prefix("calls="))?
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
+    }
+
+    /// Zeroes the server's statistics (`CONFIG RESETSTAT`).
+    pub fn reset_stats(&self) {
+        assert_eq!(self.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    }
+
     /// Whether this cluster node serves `slot`, by the `myself` line of its `CLUSTER NODES`.
     fn owns_slot(&self, slot: u16) -> bool {
         let nodes = self.cli(&["CLUSTER", "NODES"]);

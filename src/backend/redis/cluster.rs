@@ -19,7 +19,7 @@ use super::keys::KeySpace;
 use super::reconnect::Reconnecting;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, backend_error, is_noscript};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
 /// deadline (the connection outlives the call that opened it).
@@ -155,6 +155,14 @@ impl ClusterBackend {
         let call = self.scripts.acquire(&self.keys, hit)?;
         let reply = self.call(&call).await?;
         call.outcome(hit, reply)
+    }
+}
+
+/// Shards get hash tags steered to different parts of the slot space, so one hot limit's
+/// shards land on different slots and masters (see [`KeySpace::shard_identity`]).
+impl ShardKeys for ClusterBackend {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        self.keys.shard_identity(key, shard, shards)
     }
 }
 

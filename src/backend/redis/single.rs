@@ -19,7 +19,7 @@ use super::keys::KeySpace;
 use super::reconnect::Reconnecting;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, backend_error, is_noscript};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
 /// Shared connections kept checked out of the pool.
 const LANES: usize = 4;
@@ -284,6 +284,15 @@ impl Drop for LaneGuard<'_> {
         if self.lane.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= STUCK_AFTER_TIMEOUTS {
             self.lane.discard();
         }
+    }
+}
+
+/// The same shard identities as the cluster backend: placement does not matter on one server,
+/// and the same keys keep data and tooling alike across the two (see
+/// [`KeySpace::shard_identity`]).
+impl ShardKeys for RedisBackend {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        self.keys.shard_identity(key, shard, shards)
     }
 }
 
