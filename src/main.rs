@@ -79,8 +79,9 @@ struct ServeArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
-    /// Prefix of every Redis key, so deployments can share one Redis.
-    #[arg(long, env = "TOLLGATE_KEY_PREFIX", default_value = "tollgate:")]
+    /// Prefix of every Redis key, so deployments can share one Redis. No braces: a hash tag in
+    /// the prefix would put every limiter (and every shard) on one cluster slot.
+    #[arg(long, env = "TOLLGATE_KEY_PREFIX", default_value = "tollgate:", value_parser = parse_key_prefix)]
     key_prefix: String,
     /// Deadline of one backend call; past it each limit answers its failure mode.
     #[arg(long, env = "TOLLGATE_BACKEND_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
@@ -110,6 +111,17 @@ struct ServeArgs {
     /// Log format.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+fn parse_key_prefix(prefix: &str) -> Result<String, String> {
+    if prefix.contains(['{', '}']) {
+        Err(
+            "a key prefix must not contain `{` or `}`: tollgate places the Redis hash tag itself"
+                .into(),
+        )
+    } else {
+        Ok(prefix.to_string())
+    }
 }
 
 fn main() -> ExitCode {

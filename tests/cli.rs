@@ -107,6 +107,23 @@ fn flags_read_their_environment_variables() {
 }
 
 #[test]
+fn a_key_prefix_with_a_hash_tag_is_refused() {
+    let out = tollgate(&[
+        "serve",
+        "--config",
+        &examples().display().to_string(),
+        "--key-prefix",
+        "team{a}:",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("must not contain"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn boolean_flags_take_explicit_values() {
     // A broken value is rejected by the parser before anything starts.
     let out = tollgate(&["serve", "--config", "/nonexistent", "--shadow-mode=maybe"]);
