@@ -47,3 +47,235 @@ pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService"
 /// The encoded `FileDescriptorSet` of every proto above, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/rls_descriptor.bin"));
+
+#[cfg(test)]
+mod tests {
+    use prost_reflect::{DescriptorPool, Kind};
+
+    /// Envoy's wire contract, field by field: (message, field, number).
+    const FIELDS: &[(&str, &str, u32)] = &[
+        ("envoy.service.ratelimit.v3.RateLimitRequest", "domain", 1),
+        (
+            "envoy.service.ratelimit.v3.RateLimitRequest",
+            "descriptors",
+            2,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitRequest",
+            "hits_addend",
+            3,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse",
+            "overall_code",
+            1,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse",
+            "statuses",
+            2,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse",
+            "response_headers_to_add",
+            3,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse",
+            "request_headers_to_add",
+            4,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse",
+            "raw_body",
+            5,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse",
+            "dynamic_metadata",
+            6,
+        ),
+        ("envoy.service.ratelimit.v3.RateLimitResponse", "quota", 7),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit",
+            "name",
+            3,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit",
+            "requests_per_unit",
+            1,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit",
+            "unit",
+            2,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus",
+            "code",
+            1,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus",
+            "current_limit",
+            2,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus",
+            "limit_remaining",
+            3,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus",
+            "duration_until_reset",
+            4,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.DescriptorStatus",
+            "quota",
+            5,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.Quota",
+            "requests",
+            1,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.Quota",
+            "valid_until",
+            2,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.Quota",
+            "id",
+            3,
+        ),
+        (
+            "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
+            "entries",
+            1,
+        ),
+        (
+            "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
+            "limit",
+            2,
+        ),
+        (
+            "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
+            "hits_addend",
+            3,
+        ),
+        (
+            "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry",
+            "key",
+            1,
+        ),
+        (
+            "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry",
+            "value",
+            2,
+        ),
+        (
+            "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride",
+            "requests_per_unit",
+            1,
+        ),
+        (
+            "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride",
+            "unit",
+            2,
+        ),
+        ("envoy.config.core.v3.HeaderValue", "key", 1),
+        ("envoy.config.core.v3.HeaderValue", "value", 2),
+        ("envoy.config.core.v3.HeaderValue", "raw_value", 3),
+    ];
+
+    /// (enum, value name, number).
+    const ENUM_VALUES: &[(&str, &str, i32)] = &[
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.Code",
+            "UNKNOWN",
+            0,
+        ),
+        ("envoy.service.ratelimit.v3.RateLimitResponse.Code", "OK", 1),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.Code",
+            "OVER_LIMIT",
+            2,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+            "SECOND",
+            1,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+            "MINUTE",
+            2,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+            "HOUR",
+            3,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+            "DAY",
+            4,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+            "MONTH",
+            5,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+            "YEAR",
+            6,
+        ),
+        (
+            "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+            "WEEK",
+            7,
+        ),
+        ("envoy.type.v3.RateLimitUnit", "SECOND", 1),
+        ("envoy.type.v3.RateLimitUnit", "YEAR", 6),
+    ];
+
+    #[test]
+    fn vendored_protos_match_envoys_field_numbers() {
+        let pool = DescriptorPool::decode(super::FILE_DESCRIPTOR_SET).expect("descriptor set");
+        for (message, field, number) in FIELDS {
+            let descriptor = pool
+                .get_message_by_name(message)
+                .unwrap_or_else(|| panic!("{message} is missing"));
+            let found = descriptor
+                .get_field_by_name(field)
+                .unwrap_or_else(|| panic!("{message}.{field} is missing"));
+            assert_eq!(found.number(), *number, "{message}.{field}");
+        }
+        for (name, value, number) in ENUM_VALUES {
+            let descriptor = pool
+                .get_enum_by_name(name)
+                .unwrap_or_else(|| panic!("{name} is missing"));
+            let found = descriptor
+                .get_value_by_name(value)
+                .unwrap_or_else(|| panic!("{name}.{value} is missing"));
+            assert_eq!(found.number(), *number, "{name}.{value}");
+        }
+        // hits_addend is a UInt64Value wrapper, so "0" and "unset" differ on the wire.
+        let descriptor = pool
+            .get_message_by_name("envoy.extensions.common.ratelimit.v3.RateLimitDescriptor")
+            .expect("descriptor");
+        let hits = descriptor.get_field_by_name("hits_addend").expect("field");
+        match hits.kind() {
+            Kind::Message(m) => assert_eq!(m.full_name(), "google.protobuf.UInt64Value"),
+            other => panic!("hits_addend is {other:?}"),
+        }
+        let service = pool
+            .get_service_by_name(super::RLS_SERVICE_NAME)
+            .expect("the RLS service");
+        assert!(service.methods().any(|m| m.name() == "ShouldRateLimit"));
+    }
+}
