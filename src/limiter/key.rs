@@ -44,17 +44,39 @@ pub fn limiter_key(
             }
         }
     }
-    let tag = match algorithm {
+    key.push('@');
+    key.push(match algorithm {
         Algorithm::SlidingWindowCounter => 'c',
         Algorithm::SlidingWindowLog => 'l',
-    };
-    // Writing into a String cannot fail.
-    let _ = write!(key, "@{tag}{window_ms}");
+    });
+    push_decimal(&mut key, window_ms);
     key
 }
 
+/// Appends `n` in decimal; the formatting machinery of `write!` costs more than the whole key.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[start..] {
+        out.push(char::from(digit));
+    }
+}
+
 fn escape_into(out: &mut String, text: &str) {
-    for c in text.chars() {
+    // Most text needs no escaping: copy the clean prefix at once, then go char by char.
+    let clean = text.bytes().position(may_need_escape).unwrap_or(text.len());
+    // `clean` is at a char boundary: every byte it can stop at is ASCII or a UTF-8 lead byte.
+    let (plain, rest) = text.split_at(clean);
+    out.push_str(plain);
+    for c in rest.chars() {
         match c {
             '%' | '|' | '=' | '~' | '@' | '{' | '}' => push_percent(out, c as u32),
             c if c.is_control() => {
@@ -66,6 +88,15 @@ fn escape_into(out: &mut String, text: &str) {
             c => out.push(c),
         }
     }
+}
+
+/// Whether `byte` may start a character that [`escape_into`] encodes: the separators, ASCII
+/// controls, or 0xC2, the lead byte of the C1 controls U+0080..U+009F.
+fn may_need_escape(byte: u8) -> bool {
+    matches!(
+        byte,
+        b'%' | b'|' | b'=' | b'~' | b'@' | b'{' | b'}' | 0x00..=0x1F | 0x7F | 0xC2
+    )
 }
 
 fn push_percent(out: &mut String, byte: u32) {
@@ -146,7 +177,58 @@ mod tests {
     }
 
     #[test]
+    fn windows_are_written_in_decimal() {
+        let entries = vec![Entry::new("k", "v")];
+        for window in [0, 1, 9, 10, 1000, 60_000, u64::MAX] {
+            let key = limiter_key("d", &entries, &[], Algorithm::SlidingWindowLog, window);
+            assert_eq!(key, format!("d|k=v@l{window}"));
+        }
+    }
+
+    #[test]
     fn control_characters_are_encoded() {
         assert_eq!(key("d", &[("k", "a\nb")]), "d|k=a%0Ab@c60000");
+        // C1 controls are two bytes in UTF-8, each encoded; other 0xC2 characters stay.
+        assert_eq!(key("d", &[("k", "x\u{85}y")]), "d|k=x%C2%85y@c60000");
+        assert_eq!(key("d", &[("k", "\u{a0}é\u{7f}")]), "d|k=\u{a0}é%7F@c60000");
+    }
+
+    #[test]
+    fn the_clean_prefix_shortcut_changes_nothing() {
+        // The plain char-by-char encoding the shortcut must agree with.
+        fn reference(text: &str) -> String {
+            let mut out = String::new();
+            for c in text.chars() {
+                match c {
+                    '%' | '|' | '=' | '~' | '@' | '{' | '}' => push_percent(&mut out, c as u32),
+                    c if c.is_control() => {
+                        let mut buf = [0u8; 4];
+                        for byte in c.encode_utf8(&mut buf).bytes() {
+                            push_percent(&mut out, u32::from(byte));
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            out
+        }
+        let samples = (0u32..0x800)
+            .chain([0x2028, 0xFEFF, 0x1F600])
+            .filter_map(char::from_u32);
+        for c in samples {
+            for text in [format!("{c}"), format!("ab{c}cd"), format!("{c}x{c}")] {
+                let mut fast = String::new();
+                escape_into(&mut fast, &text);
+                assert_eq!(fast, reference(&text), "U+{:04X}", c as u32);
+            }
+        }
+    }
+
+    #[test]
+    fn text_after_an_escape_is_still_escaped() {
+        assert_eq!(
+            key("d", &[("k", "ü=a|b%\u{85}")]),
+            "d|k=ü%3Da%7Cb%25%C2%85@c60000"
+        );
     }
 }

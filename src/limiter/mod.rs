@@ -196,29 +196,26 @@ impl<B: Backend> Limiter<B> {
     fn plan_hits(
         &self,
         request: &Request,
-        resolved: Vec<(Option<Arc<Limit>>, String)>,
+        mut resolved: Vec<(Option<Arc<Limit>>, String)>,
         hits: &mut Vec<Hit>,
     ) -> Vec<Plan> {
-        // A limit named by another applicable limit's `replaces` does not apply. As in
-        // envoyproxy/ratelimit, unlimited limits may replace others but are never replaced.
-        let replaced = |limit: &Limit| {
-            limit.name.as_deref().is_some_and(|name| {
-                resolved.iter().any(|(other, _)| {
-                    other
-                        .as_ref()
-                        .is_some_and(|o| o.replaces.iter().any(|r| r == name))
-                })
-            })
-        };
         let mut plans = Vec::with_capacity(resolved.len());
-        for (descriptor, (limit, key)) in request.descriptors.iter().zip(resolved.iter()) {
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let Some((limit, _)) = resolved.get(index) else {
+                break;
+            };
             let plan = match limit {
                 None => Plan::Free,
                 Some(limit) if limit.unlimited => Plan::Unlimited,
-                Some(limit) if replaced(limit) => Plan::Free,
+                Some(limit) if is_replaced(limit, &resolved) => Plan::Free,
                 Some(limit) => {
+                    let limit = Arc::clone(limit);
                     hits.push(Hit {
-                        key: key.clone(),
+                        // The key was built for this hit alone: move it rather than copy it.
+                        key: resolved
+                            .get_mut(index)
+                            .map(|(_, key)| std::mem::take(key))
+                            .unwrap_or_default(),
                         algorithm: limit.algorithm,
                         limit: u64::from(limit.requests_per_unit),
                         window_ms: limit.window_ms,
@@ -226,7 +223,7 @@ impl<B: Backend> Limiter<B> {
                         shards: limit.shards,
                     });
                     Plan::Limited {
-                        limit: Arc::clone(limit),
+                        limit,
                         hit: hits.len() - 1,
                     }
                 }
@@ -246,7 +243,7 @@ impl<B: Backend> Limiter<B> {
         metadata_sources: Vec<(usize, &MetaValue)>,
     ) -> Decision {
         let mut statuses = Vec::with_capacity(plans.len());
-        let mut receipts: Vec<Receipt> = Vec::new();
+        let mut charged = 0usize;
         let mut rate_limits_over = 0usize;
         let (mut quota_total, mut quota_over) = (0usize, 0usize);
         let mut retry_after: Option<u64> = None;
@@ -266,14 +263,11 @@ impl<B: Backend> Limiter<B> {
                     reset: None,
                 },
                 Plan::Limited { limit, hit } => {
-                    let result = results.get(hit).cloned().unwrap_or_else(|| {
-                        Err(BackendError::Protocol(
-                            "backend answered fewer hits than it was asked".into(),
-                        ))
-                    });
-                    let (mut code, remaining, reset_ms) = match result {
-                        Ok(outcome) => {
-                            receipts.extend(outcome.receipt);
+                    charged += 1;
+                    // Read in place: the receipts stay in `results` until a rejection needs them.
+                    // A missing result (a backend answering fewer hits than asked) is a failure.
+                    let (mut code, remaining, reset_ms) = match results.get(hit) {
+                        Some(Ok(outcome)) => {
                             let verdict = outcome.verdict;
                             let code = if verdict.admitted {
                                 Code::Ok
@@ -282,7 +276,7 @@ impl<B: Backend> Limiter<B> {
                             };
                             (code, verdict.remaining, verdict.reset_ms)
                         }
-                        Err(_) => {
+                        Some(Err(_)) | None => {
                             // The backend logs its own failures, once per burst.
                             match limit.failure_mode.unwrap_or(self.settings.failure_mode) {
                                 FailureMode::Allow => {
@@ -320,10 +314,18 @@ impl<B: Backend> Limiter<B> {
 
         // As in envoyproxy/ratelimit: any plain limit over, or every quota limit over.
         let rejected = rate_limits_over > 0 || (quota_total > 0 && quota_total == quota_over);
-        if rejected && !receipts.is_empty() {
-            // Failing to give back only errs on the strict side (fewer admissions later); the
-            // backend logs it.
-            let _ = self.backend.release(&receipts).await;
+        if rejected {
+            // One result per hit asked; anything a backend answered beyond that is ignored.
+            let receipts: Vec<Receipt> = results
+                .into_iter()
+                .take(charged)
+                .filter_map(|result| result.ok().and_then(|outcome| outcome.receipt))
+                .collect();
+            if !receipts.is_empty() {
+                // Failing to give back only errs on the strict side (fewer admissions later);
+                // the backend logs it.
+                let _ = self.backend.release(&receipts).await;
+            }
         }
 
         let overall = if rejected && !self.settings.shadow_mode {
@@ -346,6 +348,19 @@ impl<B: Backend> Limiter<B> {
             metadata,
         }
     }
+}
+
+/// Whether another applicable limit names `limit` in its `replaces`. As in envoyproxy/ratelimit,
+/// unlimited limits may replace others but are never replaced (the caller checks `unlimited`
+/// first).
+fn is_replaced(limit: &Limit, resolved: &[(Option<Arc<Limit>>, String)]) -> bool {
+    limit.name.as_deref().is_some_and(|name| {
+        resolved.iter().any(|(other, _)| {
+            other
+                .as_ref()
+                .is_some_and(|o| o.replaces.iter().any(|r| r == name))
+        })
+    })
 }
 
 /// The cost of one descriptor's hit: its own `hits_addend` (0 = check only), else the request's
