@@ -18,12 +18,48 @@ struct CodeLabel {
 }
 
 /// The counters and histograms of the service.
+///
+/// The counter of each label is fetched once at startup: a `Family` lookup per request would
+/// take a lock and hash the label on the hot path.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    requests: Family<CodeLabel, Counter>,
-    descriptors: Family<CodeLabel, Counter>,
+    requests: ByCode,
+    descriptors: ByCode,
     latency: Histogram,
+}
+
+/// One counter per code of a family, created up front so every series exists from startup
+/// (rate() works before the first request).
+#[derive(Debug)]
+struct ByCode {
+    ok: Counter,
+    over_limit: Counter,
+    invalid: Counter,
+}
+
+impl ByCode {
+    fn new(family: &Family<CodeLabel, Counter>, with_invalid: bool) -> Self {
+        let get = |code| family.get_or_create_owned(&CodeLabel { code });
+        ByCode {
+            ok: get("ok"),
+            over_limit: get("over_limit"),
+            // Requests can be unreadable; descriptor statuses cannot.
+            invalid: if with_invalid {
+                get("invalid")
+            } else {
+                Counter::default()
+            },
+        }
+    }
+
+    fn count(&self, code: i32) {
+        if code == ProtoCode::OverLimit as i32 {
+            self.over_limit.inc();
+        } else {
+            self.ok.inc();
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -55,48 +91,29 @@ impl Metrics {
             "Time to decide one rate limit request",
             latency.clone(),
         );
-        // Every series exists from the start, so rate() works before the first request.
-        for code in ["ok", "over_limit", "invalid"] {
-            drop(requests.get_or_create(&CodeLabel { code }));
-        }
-        for code in ["ok", "over_limit"] {
-            drop(descriptors.get_or_create(&CodeLabel { code }));
-        }
         Metrics {
             registry,
-            requests,
-            descriptors,
+            requests: ByCode::new(&requests, true),
+            descriptors: ByCode::new(&descriptors, false),
             latency,
         }
     }
 
     /// Records a request refused before it could be decided (e.g. a body that is not JSON).
     pub fn observe_unreadable(&self) {
-        self.requests
-            .get_or_create(&CodeLabel { code: "invalid" })
-            .inc();
+        self.requests.invalid.inc();
     }
 
     /// Records one answered request.
     pub fn observe(&self, result: Result<&RateLimitResponse, ()>, elapsed: Duration) {
         self.latency.observe(elapsed.as_secs_f64());
         let Ok(response) = result else {
-            self.requests
-                .get_or_create(&CodeLabel { code: "invalid" })
-                .inc();
+            self.requests.invalid.inc();
             return;
         };
-        self.requests
-            .get_or_create(&CodeLabel {
-                code: code_label(response.overall_code),
-            })
-            .inc();
+        self.requests.count(response.overall_code);
         for status in &response.statuses {
-            self.descriptors
-                .get_or_create(&CodeLabel {
-                    code: code_label(status.code),
-                })
-                .inc();
+            self.descriptors.count(status.code);
         }
     }
 
@@ -106,13 +123,5 @@ impl Metrics {
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
-    }
-}
-
-fn code_label(code: i32) -> &'static str {
-    if code == ProtoCode::OverLimit as i32 {
-        "over_limit"
-    } else {
-        "ok"
     }
 }
