@@ -1,18 +1,24 @@
 //! The embedded backend: every window lives in this process. Right for a single instance and for
 //! development; it implements exactly the math of [`crate::window`].
 //!
-//! Keys are spread over a fixed set of shards, each a mutex around a map, so hits on different
-//! keys rarely contend and a lock is held only for one O(1) decision (a rejected sliding-window-log
-//! hit also walks that key's entries to find its retry time). Idle windows expire: each shard
-//! sweeps itself once it has served as many operations as its last sweep kept windows (at least
-//! 64), so the cost of sweeping is amortized O(1) per hit and a shard never holds much more than
-//! twice its live windows.
+//! Keys are spread over a fixed set of shards, each a mutex around a hash table, so hits on
+//! different keys rarely contend and a lock is held only for one O(1) decision (a rejected
+//! sliding-window-log hit also walks that key's entries to find its retry time). Idle windows
+//! expire: each shard sweeps itself once it has served as many operations as its last sweep kept
+//! windows (at least 64), so the cost of sweeping is amortized O(1) per hit and a shard never holds
+//! much more than twice its live windows.
+//!
+//! Each hit hashes its key once: the one hash picks the shard and finds the window in the shard's
+//! table. Keys come from clients, so the hash is SipHash with a random key (std's `RandomState`),
+//! which keeps an attacker from choosing keys that collide.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use hashbrown::HashTable;
 
 use crate::backend::shard::{self, ShardKeys};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
@@ -21,6 +27,11 @@ use crate::window::{self, Algorithm, Cost};
 
 /// How many independently locked maps the keys are spread over.
 const SHARD_COUNT: usize = 64;
+
+/// Which bits of a key's hash choose its shard. The table inside a shard indexes buckets with the
+/// low bits of the same hash and tags entries with its top seven bits; taking the shard from bits
+/// in between keeps the keys of one shard spread over all of its buckets and tags.
+const SHARD_HASH_SHIFT: u32 = 40;
 
 /// A shard sweeps after at least this many operations, so small shards are not swept on every hit.
 const MIN_OPS_BETWEEN_SWEEPS: usize = 64;
@@ -67,9 +78,12 @@ impl MemoryBackend {
         }
     }
 
-    fn shard_of(&self, key: &str) -> usize {
+    /// The key's hash (for the table) and its shard's index.
+    fn locate(&self, key: &str) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
         // The remainder is below SHARD_COUNT, so the narrowing cannot lose anything.
-        (self.hasher.hash_one(key) % SHARD_COUNT as u64) as usize
+        let shard = ((hash >> SHARD_HASH_SHIFT) % SHARD_COUNT as u64) as usize;
+        (hash, shard)
     }
 
     fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
@@ -82,21 +96,23 @@ impl MemoryBackend {
 
     fn decide(&self, hit: &Hit) -> Outcome {
         let now = self.clock.now_ms();
-        let mut shard = self.lock(self.shard_of(&hit.key));
+        let (hash, index) = self.locate(&hit.key);
+        let mut shard = self.lock(index);
         let now = shard.advance_clock(now);
         shard.count_operation(now);
         // `hit.shards` is not read here: `backend::Sharded` splits a sharded limit into plain
         // hits on shard keys before they reach this backend.
         let cost = window::normalize_cost(hit.cost);
         match hit.algorithm {
-            Algorithm::SlidingWindowCounter => shard.decide_counter(hit, cost, now),
-            Algorithm::SlidingWindowLog => shard.decide_log(hit, cost, now),
+            Algorithm::SlidingWindowCounter => shard.decide_counter(hit, hash, cost, now),
+            Algorithm::SlidingWindowLog => shard.decide_log(hit, hash, cost, now),
         }
     }
 
     fn refund(&self, receipt: &Receipt) {
-        let mut shard = self.lock(self.shard_of(&receipt.key));
-        shard.refund(receipt);
+        let (hash, index) = self.locate(&receipt.key);
+        let mut shard = self.lock(index);
+        shard.refund(receipt, hash);
     }
 }
 
@@ -141,7 +157,7 @@ impl ShardKeys for MemoryBackend {
 /// One lock's worth of windows.
 #[derive(Default)]
 struct Shard {
-    windows: HashMap<String, Window>,
+    windows: HashTable<Slot>,
     /// The latest time this shard has seen. Time never runs backwards inside a shard, so log
     /// entries stay sorted even if the wall clock steps back.
     latest_ms: u64,
@@ -152,6 +168,26 @@ struct Shard {
     /// Source of log entry ids; unique within the shard, so a receipt can never name an entry of
     /// a window that was dropped and created again.
     next_entry_id: u64,
+}
+
+/// One key's window in a shard's table. The key's hash is kept so that growing or shrinking the
+/// table never hashes a key again.
+struct Slot {
+    hash: u64,
+    key: String,
+    window: Window,
+}
+
+/// The window stored under `key` (whose hash is `hash`), if any. A function of the table alone, so
+/// the rest of the shard stays free to change while the window is borrowed.
+fn window_mut<'a>(
+    windows: &'a mut HashTable<Slot>,
+    key: &str,
+    hash: u64,
+) -> Option<&'a mut Window> {
+    windows
+        .find_mut(hash, |slot| slot.key == key)
+        .map(|slot| &mut slot.window)
 }
 
 /// The stored state of one limiter.
@@ -223,18 +259,20 @@ impl Shard {
 
     fn sweep(&mut self, now_ms: u64) {
         self.operations_since_sweep = 0;
-        self.windows.retain(|_, window| !window.expired(now_ms));
+        self.windows.retain(|slot| !slot.window.expired(now_ms));
         self.kept_by_last_sweep = self.windows.len();
         // A burst of distinct keys leaves a large table behind; give the memory back.
         if self.windows.capacity() > 4 * self.windows.len() + MIN_OPS_BETWEEN_SWEEPS {
-            self.windows.shrink_to(2 * self.windows.len());
+            self.windows
+                .shrink_to(2 * self.windows.len(), |slot| slot.hash);
         }
     }
 
-    fn decide_counter(&mut self, hit: &Hit, cost: Cost, now_ms: u64) -> Outcome {
+    fn decide_counter(&mut self, hit: &Hit, hash: u64, cost: Cost, now_ms: u64) -> Outcome {
         let window_ms = window::effective_window_ms(hit.window_ms);
         let index = window::counter_window_index(now_ms, window_ms);
-        let (prev, curr) = match self.windows.get(hit.key.as_str()) {
+        let stored = window_mut(&mut self.windows, &hit.key, hash);
+        let (prev, curr) = match &stored {
             Some(Window::Counter(counter)) if counter.window_ms == window_ms => {
                 window::counter_counts(counter.index, counter.prev, counter.curr, index)
             }
@@ -249,7 +287,10 @@ impl Shard {
                     prev,
                     curr: curr.saturating_add(units),
                 });
-                self.store(&hit.key, state);
+                match stored {
+                    Some(window) => *window = state,
+                    None => self.insert(&hit.key, hash, state),
+                }
                 Some(Receipt {
                     key: hit.key.clone(),
                     algorithm: Algorithm::SlidingWindowCounter,
@@ -263,9 +304,9 @@ impl Shard {
         Outcome { verdict, receipt }
     }
 
-    fn decide_log(&mut self, hit: &Hit, cost: Cost, now_ms: u64) -> Outcome {
+    fn decide_log(&mut self, hit: &Hit, hash: u64, cost: Cost, now_ms: u64) -> Outcome {
         let window_ms = window::effective_window_ms(hit.window_ms);
-        let log = match self.windows.get_mut(hit.key.as_str()) {
+        let log = match window_mut(&mut self.windows, &hit.key, hash) {
             Some(Window::Log(log)) if log.window_ms == window_ms => {
                 log.prune(now_ms);
                 Some(log)
@@ -322,7 +363,11 @@ impl Shard {
                     entries: VecDeque::from([entry]),
                     used: u128::from(units),
                 });
-                self.store(&hit.key, state);
+                // The key may hold a window of another kind or length, which this replaces.
+                match window_mut(&mut self.windows, &hit.key, hash) {
+                    Some(window) => *window = state,
+                    None => self.insert(&hit.key, hash, state),
+                }
             }
         }
         Outcome {
@@ -337,23 +382,29 @@ impl Shard {
         }
     }
 
-    fn store(&mut self, key: &str, state: Window) {
-        // Look up before inserting so a hot key does not allocate a new String on every hit.
-        match self.windows.get_mut(key) {
-            Some(slot) => *slot = state,
-            None => {
-                self.windows.insert(key.to_owned(), state);
-            }
-        }
+    /// Stores a window under a key that has none.
+    fn insert(&mut self, key: &str, hash: u64, window: Window) {
+        self.windows.insert_unique(
+            hash,
+            Slot {
+                hash,
+                key: key.to_owned(),
+                window,
+            },
+            |slot| slot.hash,
+        );
     }
 
-    fn refund(&mut self, receipt: &Receipt) {
+    fn refund(&mut self, receipt: &Receipt, hash: u64) {
         let window_ms = window::effective_window_ms(receipt.window_ms);
-        let now_empty = match (
-            receipt.algorithm,
-            self.windows.get_mut(receipt.key.as_str()),
-        ) {
-            (Algorithm::SlidingWindowCounter, Some(Window::Counter(counter)))
+        let Ok(mut stored) = self
+            .windows
+            .find_entry(hash, |slot| slot.key == receipt.key)
+        else {
+            return;
+        };
+        let now_empty = match (receipt.algorithm, &mut stored.get_mut().window) {
+            (Algorithm::SlidingWindowCounter, Window::Counter(counter))
                 if counter.window_ms == window_ms =>
             {
                 // The charge went to `curr` of window `token`; once that window has rolled into
@@ -365,7 +416,7 @@ impl Shard {
                 }
                 counter.prev == 0 && counter.curr == 0
             }
-            (Algorithm::SlidingWindowLog, Some(Window::Log(log))) if log.window_ms == window_ms => {
+            (Algorithm::SlidingWindowLog, Window::Log(log)) if log.window_ms == window_ms => {
                 // Ids grow in insertion order, so the entries are sorted by id.
                 if let Ok(position) = log
                     .entries
@@ -379,7 +430,7 @@ impl Shard {
             _ => false,
         };
         if now_empty {
-            self.windows.remove(receipt.key.as_str());
+            stored.remove();
         }
     }
 }

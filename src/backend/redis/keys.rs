@@ -25,6 +25,11 @@ const LOG: &str = ":l";
 /// Suffix of the hash beside a log (running sum of costs, last entry id).
 const LOG_META: &str = ":s";
 
+/// The suffixes of a sliding window counter's keys, in the order its scripts take them.
+pub const COUNTER_KEYS: &[&str] = &[COUNTER];
+/// The suffixes of a sliding window log's keys, in the order its scripts take them.
+pub const LOG_KEYS: &[&str] = &[LOG, LOG_META];
+
 /// Number of Redis Cluster hash slots.
 const SLOTS: u32 = 16_384;
 
@@ -61,7 +66,9 @@ impl KeySpace {
     /// The common part of every key of the limiter `identity`: prefix and hash tag. Receipts carry
     /// it, and the key functions below append their suffix to it.
     pub fn base(&self, identity: &str) -> String {
-        let mut base = String::with_capacity(self.prefix.len() + identity.len().min(80) + 4);
+        // A digested tag is `#` and 64 hex digits, shorter than any identity that gets one.
+        let mut base =
+            String::with_capacity(self.prefix.len() + identity.len().min(MAX_PLAIN_IDENTITY) + 2);
         base.push_str(&self.prefix);
         base.push('{');
         if identity.len() > MAX_PLAIN_IDENTITY {
@@ -70,10 +77,19 @@ impl KeySpace {
                 let _ = write!(base, "{byte:02x}");
             }
         } else {
-            let mut buf = [0u8; 4];
-            for ch in identity.chars() {
-                base.push_str(escape_char(ch, &mut buf));
+            // The escaped characters are ASCII, so the text between them is copied whole; it is
+            // usually all of the identity.
+            let mut rest = identity;
+            while let Some(at) = rest
+                .bytes()
+                .position(|byte| matches!(byte, b'%' | b'{' | b'}' | b'#'))
+            {
+                base.push_str(&rest[..at]);
+                let mut buf = [0u8; 4];
+                base.push_str(escape_char(char::from(rest.as_bytes()[at]), &mut buf));
+                rest = &rest[at + 1..];
             }
+            base.push_str(rest);
         }
         base.push('}');
         base
@@ -316,6 +332,30 @@ mod tests {
         let base = space.base("a}b");
         assert_eq!(slot(&KeySpace::counter(&base)), slot(&KeySpace::log(&base)));
         assert_eq!(slot(&base), crc16_xmodem(b"a%7Db") % 16384);
+    }
+
+    #[test]
+    fn base_escapes_exactly_like_a_char_by_char_walk() {
+        let space = KeySpace::new("p:");
+        let mut identities: Vec<String> = vec![
+            String::new(),
+            "edge|user=alice@c60000".into(),
+            "%{}#".into(),
+            "a%b{c}d#e".into(),
+            "{{x}}".into(),
+            "%%".into(),
+            "dom|city=Zürich%|日本={東京}#".into(),
+        ];
+        identities.extend(('\u{0}'..='\u{7ff}').map(|ch| format!("{ch}a{ch}%{ch}")));
+        for identity in identities {
+            let mut expected = String::from("p:{");
+            let mut buf = [0u8; 4];
+            for ch in identity.chars() {
+                expected.push_str(escape_char(ch, &mut buf));
+            }
+            expected.push('}');
+            assert_eq!(space.base(&identity), expected, "{identity:?}");
+        }
     }
 
     #[test]

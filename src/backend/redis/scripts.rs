@@ -1,11 +1,13 @@
 //! The Lua scripts of `lua/`, their hashes, and the translation between hits and script calls.
 
-use redis::{Cmd, Value};
+use std::io::Write as _;
+
+use redis::{Cmd, RedisWrite as _, Value};
 
 use crate::backend::{BackendError, Hit, Outcome, Receipt};
 use crate::window::{Algorithm, Cost, Verdict};
 
-use super::keys::KeySpace;
+use super::keys::{COUNTER_KEYS, KeySpace, LOG_KEYS};
 
 /// The largest limit the scripts compute with exactly (Lua numbers are doubles); larger limits
 /// are treated as this one, which no real traffic reaches.
@@ -83,46 +85,56 @@ impl Scripts {
             Cost::CheckOnly => 0,
             Cost::Consume(units) => units.min(limit + 1),
         };
-        let base = keys.base(&hit.key);
-        let (script, keys) = match hit.algorithm {
-            Algorithm::SlidingWindowCounter => (&self.counter, vec![KeySpace::counter(&base)]),
-            Algorithm::SlidingWindowLog => (
-                &self.log,
-                vec![KeySpace::log(&base), KeySpace::log_meta(&base)],
-            ),
+        let (script, suffixes) = match hit.algorithm {
+            Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS),
+            Algorithm::SlidingWindowLog => (&self.log, LOG_KEYS),
         };
         Ok(Call {
             script,
-            keys,
-            args: vec![
-                limit.to_string(),
-                hit.window_ms.to_string(),
-                cost.to_string(),
-            ],
-            base,
+            suffixes,
+            args: Args::new([limit, hit.window_ms, cost]),
+            base: keys.base(&hit.key),
         })
     }
 
     /// The call that gives back the charge `receipt` names.
     pub fn refund<'a>(&'a self, receipt: &Receipt) -> Call<'a> {
-        let (script, keys) = match receipt.algorithm {
-            Algorithm::SlidingWindowCounter => {
-                (&self.counter_refund, vec![KeySpace::counter(&receipt.key)])
-            }
-            Algorithm::SlidingWindowLog => (
-                &self.log_refund,
-                vec![
-                    KeySpace::log(&receipt.key),
-                    KeySpace::log_meta(&receipt.key),
-                ],
-            ),
+        let (script, suffixes) = match receipt.algorithm {
+            Algorithm::SlidingWindowCounter => (&self.counter_refund, COUNTER_KEYS),
+            Algorithm::SlidingWindowLog => (&self.log_refund, LOG_KEYS),
         };
         Call {
             script,
-            keys,
-            args: vec![receipt.token.to_string(), receipt.cost.to_string()],
+            suffixes,
+            args: Args::new([receipt.token, receipt.cost]),
             base: receipt.key.clone(),
         }
+    }
+}
+
+/// The most arguments a script takes: an acquire's limit, window and cost, and a decision time.
+const MAX_ARGS: usize = 4;
+
+/// A script call's integer arguments, kept inline: a call is built for every hit.
+#[derive(Debug, Clone, Copy)]
+struct Args {
+    values: [u64; MAX_ARGS],
+    len: usize,
+}
+
+impl Args {
+    fn new<const N: usize>(values: [u64; N]) -> Args {
+        const { assert!(N <= MAX_ARGS) };
+        let mut args = Args {
+            values: [0; MAX_ARGS],
+            len: N,
+        };
+        args.values[..N].copy_from_slice(&values);
+        args
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len]
     }
 }
 
@@ -130,17 +142,21 @@ impl Scripts {
 #[derive(Debug, Clone)]
 pub struct Call<'a> {
     script: &'a Script,
-    /// The script's KEYS; all in one slot.
-    pub keys: Vec<String>,
-    args: Vec<String>,
+    /// The script's KEYS are the base followed by each of these; all in one slot.
+    suffixes: &'static [&'static str],
+    args: Args,
     /// The limiter's key base, what a receipt names.
     base: String,
 }
 
 impl Call<'_> {
-    /// Adds a decision time to the arguments, instead of the server's clock (tests only).
+    /// Adds a decision time to the arguments, instead of the server's clock (tests only). Acquire
+    /// calls, the only ones that take it, always have room for it.
     pub fn at(mut self, now_ms: u64) -> Self {
-        self.args.push(now_ms.to_string());
+        if let Some(slot) = self.args.values.get_mut(self.args.len) {
+            *slot = now_ms;
+            self.args.len += 1;
+        }
         self
     }
 
@@ -154,25 +170,35 @@ impl Call<'_> {
         self.command("EVAL", self.script.code)
     }
 
+    /// The command, written straight into the `Cmd`'s buffer: each key is the base and a suffix
+    /// written as one argument, and integers are formatted by the `Cmd` itself.
     fn command(&self, name: &str, script: &str) -> Cmd {
-        let mut cmd = redis::cmd(name);
-        cmd.arg(script)
-            .arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.args);
+        let args = self.args.as_slice();
+        let key_bytes: usize = self
+            .suffixes
+            .iter()
+            .map(|suffix| self.base.len() + suffix.len())
+            .sum();
+        // Decimal u64s have at most 20 digits; the key count has one or two.
+        let size = name.len() + script.len() + 2 + key_bytes + 20 * args.len();
+        let mut cmd = Cmd::with_capacity(3 + self.suffixes.len() + args.len(), size);
+        cmd.arg(name).arg(script).arg(self.suffixes.len());
+        for suffix in self.suffixes {
+            let mut key = cmd.writer_for_next_arg();
+            // The writer appends to the command's buffer in memory, which cannot fail.
+            let _ = key.write_all(self.base.as_bytes());
+            let _ = key.write_all(suffix.as_bytes());
+        }
+        for &value in args {
+            cmd.arg(value);
+        }
         cmd
     }
 
-    /// Reads an acquire script's reply `{admitted, remaining, reset_ms, token}` for `hit`.
-    pub fn outcome(&self, hit: &Hit, reply: Value) -> Result<Outcome, BackendError> {
-        let fields: Vec<i64> = redis::from_redis_value(reply)
-            .map_err(|err| BackendError::Protocol(format!("script reply: {err}")))?;
-        let [admitted, remaining, reset_ms, token] = fields[..] else {
-            return Err(BackendError::Protocol(format!(
-                "script replied {} values, expected 4",
-                fields.len()
-            )));
-        };
+    /// Reads an acquire script's reply `{admitted, remaining, reset_ms, token}` for `hit`; the
+    /// receipt takes the call's key base.
+    pub fn outcome(self, hit: &Hit, reply: Value) -> Result<Outcome, BackendError> {
+        let [admitted, remaining, reset_ms, token] = reply_fields(reply)?;
         let admitted = admitted == 1;
         let verdict = Verdict {
             admitted,
@@ -181,7 +207,7 @@ impl Call<'_> {
         };
         let receipt = match hit.cost {
             Cost::Consume(cost) if admitted && cost > 0 => Some(Receipt {
-                key: self.base.clone(),
+                key: self.base,
                 algorithm: hit.algorithm,
                 window_ms: hit.window_ms,
                 token: u64::try_from(token).unwrap_or(0),
@@ -191,4 +217,23 @@ impl Call<'_> {
         };
         Ok(Outcome { verdict, receipt })
     }
+}
+
+/// The four integers of an acquire script's reply.
+fn reply_fields(reply: Value) -> Result<[i64; 4], BackendError> {
+    // The scripts answer an array of four integers; read that without building a vector. Any
+    // other shape takes the general conversion, which accepts what it always did.
+    if let Value::Array(items) = &reply
+        && let [Value::Int(a), Value::Int(b), Value::Int(c), Value::Int(d)] = items[..]
+    {
+        return Ok([a, b, c, d]);
+    }
+    let fields: Vec<i64> = redis::from_redis_value(reply)
+        .map_err(|err| BackendError::Protocol(format!("script reply: {err}")))?;
+    <[i64; 4]>::try_from(fields.as_slice()).map_err(|_| {
+        BackendError::Protocol(format!(
+            "script replied {} values, expected 4",
+            fields.len()
+        ))
+    })
 }

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, Value};
 
 use super::keys::KeySpace;
 use super::reconnect::Reconnecting;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, backend_error, is_noscript};
+use super::{FailureLog, backend_error};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
 /// Shared connections kept checked out of the pool.
@@ -130,45 +130,51 @@ impl RedisBackend {
         hits: &[Hit],
         now_ms: Option<u64>,
     ) -> Vec<Result<Outcome, BackendError>> {
-        let mut results: Vec<Result<Outcome, BackendError>> = Vec::with_capacity(hits.len());
         let mut calls = Vec::with_capacity(hits.len());
-        let mut called = Vec::with_capacity(hits.len());
+        // Hits that cannot become a call (a window out of range), by position; rare, so this
+        // usually stays empty and never allocates.
+        let mut refused = Vec::new();
         for (index, hit) in hits.iter().enumerate() {
             match self.scripts.acquire(&self.keys, hit) {
-                Ok(call) => {
-                    calls.push(match now_ms {
-                        Some(now) => call.at(now),
-                        None => call,
-                    });
-                    called.push(index);
-                    // replaced by the call's answer below
-                    results.push(Err(BackendError::Timeout(self.timeout)));
-                }
-                Err(err) => results.push(Err(err)),
+                Ok(call) => calls.push(match now_ms {
+                    Some(now) => call.at(now),
+                    None => call,
+                }),
+                Err(err) => refused.push((index, err)),
             }
         }
-        if calls.is_empty() {
-            return results;
-        }
-        match self.run(&calls).await {
-            Ok(replies) => {
-                for ((call, index), reply) in calls.iter().zip(called).zip(replies) {
-                    results[index] = reply
-                        .map_err(|err| backend_error(&err))
-                        .and_then(|value| call.outcome(&hits[index], value));
+        let mut replies = if calls.is_empty() {
+            Ok(Vec::new().into_iter())
+        } else {
+            self.run(&calls).await.map(Vec::into_iter)
+        };
+        let mut calls = calls.into_iter();
+        let mut refused = refused.into_iter().peekable();
+        hits.iter()
+            .enumerate()
+            .map(|(index, hit)| {
+                if let Some((_, err)) = refused.next_if(|(at, _)| *at == index) {
+                    return Err(err);
                 }
-            }
-            Err(err) => {
-                for index in called {
-                    results[index] = Err(err.clone());
+                let call = calls.next();
+                match &mut replies {
+                    Ok(replies) => match (call, replies.next()) {
+                        (Some(call), Some(reply)) => call_result(reply)
+                            .map_err(|err| backend_error(&err))
+                            .and_then(|value| call.outcome(hit, value)),
+                        // `pipeline` answers exactly one reply per call.
+                        _ => Err(BackendError::Protocol(
+                            "a script call went unanswered".into(),
+                        )),
+                    },
+                    Err(err) => Err(err.clone()),
                 }
-            }
-        }
-        results
+            })
+            .collect()
     }
 
-    /// Runs `calls` in one pipeline within the deadline, answering one result per call.
-    async fn run(&self, calls: &[Call<'_>]) -> Result<Vec<RedisResult<Value>>, BackendError> {
+    /// Runs `calls` within the deadline, answering one reply per call (see [`call_result`]).
+    async fn run(&self, calls: &[Call<'_>]) -> Result<Vec<Value>, BackendError> {
         let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls)).await;
         let result = match outcome {
             Ok(result) => result,
@@ -181,17 +187,13 @@ impl RedisBackend {
         result
     }
 
-    async fn pipeline(&self, calls: &[Call<'_>]) -> Result<Vec<RedisResult<Value>>, BackendError> {
+    /// Sends `calls` in one round trip: one command alone, several as a pipeline.
+    async fn pipeline(&self, calls: &[Call<'_>]) -> Result<Vec<Value>, BackendError> {
         let (lane, mut conn) = self.connection().await?;
         let timed = LaneGuard {
             lane: &self.lanes[lane],
         };
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for call in calls {
-            pipe.add_command(call.evalsha());
-        }
-        let mut replies: Vec<RedisResult<Value>> = match pipe.query_async(&mut conn).await {
+        let mut replies = match send(&mut conn, calls.iter().map(Call::evalsha)).await {
             Ok(replies) => replies,
             Err(err) => return Err(self.broken(lane, &err)),
         };
@@ -205,15 +207,14 @@ impl RedisBackend {
         // The server lost its script cache (restart, SCRIPT FLUSH): send those scripts along,
         // which caches them again. Calls that hit NOSCRIPT did not run, so resending is safe.
         let missing: Vec<usize> = (0..calls.len())
-            .filter(|&i| matches!(&replies[i], Err(err) if is_noscript(err)))
+            .filter(|&i| {
+                matches!(&replies[i], Value::ServerError(err)
+                    if err.kind() == Some(redis::ServerErrorKind::NoScript))
+            })
             .collect();
         if !missing.is_empty() {
-            let mut retry = redis::pipe();
-            retry.ignore_errors();
-            for &i in &missing {
-                retry.add_command(calls[i].eval());
-            }
-            let again: Vec<RedisResult<Value>> = match retry.query_async(&mut conn).await {
+            let retry = missing.iter().map(|&i| calls[i].eval());
+            let again = match send(&mut conn, retry).await {
                 Ok(again) => again,
                 Err(err) => return Err(self.broken(lane, &err)),
             };
@@ -255,6 +256,37 @@ impl RedisBackend {
             self.lanes[lane].discard();
         }
         backend_error(err)
+    }
+}
+
+/// Sends `commands` in one round trip and answers their replies in order: a command alone goes
+/// as itself, several as a pipeline. A command the server refused answers a server error value
+/// (see [`call_result`]); only a failed round trip is an error.
+async fn send(
+    conn: &mut MultiplexedConnection,
+    mut commands: impl ExactSizeIterator<Item = Cmd>,
+) -> RedisResult<Vec<Value>> {
+    if commands.len() == 1
+        && let Some(command) = commands.next()
+    {
+        return conn
+            .send_packed_command(&command)
+            .await
+            .map(|reply| vec![reply]);
+    }
+    let mut pipe = redis::Pipeline::with_capacity(commands.len());
+    for command in commands {
+        pipe.add_command(command);
+    }
+    conn.send_packed_commands(&pipe, 0, pipe.len()).await
+}
+
+/// One call's result from its reply: a server error (the script failed, NOSCRIPT) is the call's
+/// error.
+fn call_result(reply: Value) -> RedisResult<Value> {
+    match reply {
+        Value::ServerError(err) => Err(err.into()),
+        reply => Ok(reply),
     }
 }
 
@@ -307,7 +339,7 @@ impl Backend for RedisBackend {
         }
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
         for reply in self.run(&calls).await? {
-            reply.map_err(|err| backend_error(&err))?;
+            call_result(reply).map_err(|err| backend_error(&err))?;
         }
         Ok(())
     }
