@@ -13,43 +13,25 @@ const NOW: u64 = 1_700_000_000_000 + 12_345;
 
 fn counter(c: &mut Criterion) {
     let mut group = c.benchmark_group("counter_decide");
-    group.bench_function("admit", |b| {
-        b.iter(|| {
-            window::counter_decide(
-                black_box(1_000),
-                black_box(W),
-                black_box(NOW),
-                black_box(400),
-                black_box(300),
-                black_box(Cost::Consume(1)),
-            )
-        })
-    });
-    // A refusal also computes the retry time.
-    group.bench_function("reject", |b| {
-        b.iter(|| {
-            window::counter_decide(
-                black_box(1_000),
-                black_box(W),
-                black_box(NOW),
-                black_box(900),
-                black_box(800),
-                black_box(Cost::Consume(1)),
-            )
-        })
-    });
-    group.bench_function("check_only", |b| {
-        b.iter(|| {
-            window::counter_decide(
-                black_box(1_000),
-                black_box(W),
-                black_box(NOW),
-                black_box(400),
-                black_box(300),
-                black_box(Cost::CheckOnly),
-            )
-        })
-    });
+    // `reject` also computes the retry time.
+    for (name, prev, curr, cost) in [
+        ("admit", 400, 300, Cost::Consume(1)),
+        ("reject", 900, 800, Cost::Consume(1)),
+        ("check_only", 400, 300, Cost::CheckOnly),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                window::counter_decide(
+                    black_box(1_000),
+                    black_box(W),
+                    black_box(NOW),
+                    black_box(prev),
+                    black_box(curr),
+                    black_box(cost),
+                )
+            })
+        });
+    }
     group.finish();
 }
 

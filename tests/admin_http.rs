@@ -23,7 +23,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 use support::net::{Reply, agent, send};
 use support::redis::RedisServer;
-use support::tollgate::{LIVENESS, Tollgate, health_status};
+use support::tollgate::{LIVENESS, Tollgate, health_status, per_user_per_minute};
 
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
@@ -500,13 +500,7 @@ descriptors:
 
 #[test]
 fn json_answers_429_with_retry_after_once_the_limit_is_reached() {
-    let tollgate = Tollgate::start(
-        "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 3}
-",
-    );
+    let tollgate = Tollgate::start(&per_user_per_minute(3));
     let client = Client::new(&tollgate);
     let dave = request("edge", &[&[("user", "dave")]]);
 
@@ -542,13 +536,7 @@ descriptors:
 
 #[test]
 fn json_refuses_bad_input_with_400_and_a_message() {
-    let tollgate = Tollgate::start(
-        "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-",
-    );
+    let tollgate = Tollgate::start(&per_user_per_minute(5));
     let client = Client::new(&tollgate);
     let alice = r#"{"entries":[{"key":"user","value":"alice"}]}"#;
     let cases = [
@@ -766,13 +754,7 @@ fn sample(metrics: &str, name: &str) -> f64 {
 
 #[test]
 fn metrics_count_requests_by_code() {
-    let tollgate = Tollgate::start(
-        "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 2}
-",
-    );
+    let tollgate = Tollgate::start(&per_user_per_minute(2));
     let mut client = Client::new(&tollgate);
 
     let before = client.get("/metrics");
@@ -924,14 +906,7 @@ fn read_until(stream: &mut TcpStream, done: impl Fn(&str) -> bool) -> String {
 #[test]
 fn sigterm_drains_and_exits_zero() {
     let mut tollgate = Tollgate::builder()
-        .policy(
-            "config.yaml",
-            "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-",
-        )
+        .policy("config.yaml", &per_user_per_minute(5))
         .args(["--drain-timeout", "1s"])
         .start();
     let client = Client::new(&tollgate);

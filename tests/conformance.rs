@@ -211,6 +211,22 @@ async fn ask_one(limiter: &ProductionLimiter, descriptor: Descriptor) -> Decisio
     ask(limiter, &req(vec![descriptor])).await
 }
 
+/// Asks about one descriptor and asserts the overall code and the units it has left; `what`
+/// names the step in the failure message.
+async fn assert_one(
+    limiter: &ProductionLimiter,
+    descriptor: Descriptor,
+    expected: (Code, u32),
+    what: &str,
+) {
+    let decision = ask_one(limiter, descriptor).await;
+    assert_eq!(
+        (decision.overall, decision.statuses[0].remaining),
+        expected,
+        "{what}: {decision:?}"
+    );
+}
+
 fn codes(decision: &Decision) -> Vec<Code> {
     decision.statuses.iter().map(|s| s.code).collect()
 }
@@ -241,6 +257,27 @@ fn assert_free(decision: &Decision, index: usize, what: &str) {
 }
 
 const COUNTER_AND_LOG: [&str; 2] = ["", "_log"];
+
+/// Runs `callers` concurrent tasks, alternating between the two instances, and sums the units
+/// each reports admitted. `caller` gets its limiter and its task number.
+async fn admitted_by_concurrent_callers<F, Fut>(
+    instances: &[Arc<ProductionLimiter>; 2],
+    callers: usize,
+    caller: F,
+) -> u64
+where
+    F: Fn(Arc<ProductionLimiter>, usize) -> Fut,
+    Fut: Future<Output = u64> + Send + 'static,
+{
+    let tasks: Vec<_> = (0..callers)
+        .map(|task| tokio::spawn(caller(Arc::clone(&instances[task % 2]), task)))
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.expect("task finished");
+    }
+    admitted
+}
 
 // ---------------------------------------------------------------------------------------------
 // The cases.
@@ -411,12 +448,13 @@ async fn hits_addend_of_request_and_descriptor(t: &Target) {
             9,
             "{key}: a request hits_addend of 0 is 1"
         );
-        let decision = ask_one(&limiter, with_addend(d(&[(&key, &fresh("addend"))]), 10)).await;
-        assert_eq!(
-            (decision.overall, decision.statuses[0].remaining),
+        assert_one(
+            &limiter,
+            with_addend(d(&[(&key, &fresh("addend"))]), 10),
             (Code::Ok, 0),
-            "{key}: a cost of exactly the limit fits"
-        );
+            &format!("{key}: a cost of exactly the limit fits"),
+        )
+        .await;
     }
 }
 
@@ -428,34 +466,16 @@ async fn check_only_consumes_nothing(t: &Target) {
         let v = fresh("check");
         let probe = || with_addend(d(&[(&key, &v)]), 0);
         for _ in 0..20 {
-            let decision = ask_one(&limiter, probe()).await;
-            assert_eq!(
-                (decision.overall, decision.statuses[0].remaining),
-                (Code::Ok, 10),
-                "{key}"
-            );
+            assert_one(&limiter, probe(), (Code::Ok, 10), &key).await;
         }
         ask_one(&limiter, with_addend(d(&[(&key, &v)]), 9)).await;
         for _ in 0..5 {
-            let decision = ask_one(&limiter, probe()).await;
-            assert_eq!(
-                (decision.overall, decision.statuses[0].remaining),
-                (Code::Ok, 1),
-                "{key}: one unit left"
-            );
+            let what = format!("{key}: one unit left");
+            assert_one(&limiter, probe(), (Code::Ok, 1), &what).await;
         }
-        let last = ask_one(&limiter, d(&[(&key, &v)])).await;
-        assert_eq!(
-            (last.overall, last.statuses[0].remaining),
-            (Code::Ok, 0),
-            "{key}: the probes left the last unit"
-        );
-        let decision = ask_one(&limiter, probe()).await;
-        assert_eq!(
-            (decision.overall, decision.statuses[0].remaining),
-            (Code::OverLimit, 0),
-            "{key}"
-        );
+        let what = format!("{key}: the probes left the last unit");
+        assert_one(&limiter, d(&[(&key, &v)]), (Code::Ok, 0), &what).await;
+        assert_one(&limiter, probe(), (Code::OverLimit, 0), &key).await;
     }
 }
 
@@ -512,8 +532,13 @@ async fn zero_requests_per_unit_rejects_everything(t: &Target) {
 async fn shadow_descriptor_reports_ok_but_counts(t: &Target) {
     let limiter = t.limiter(Settings::default()).await;
     let v = fresh("shadow");
-    let first = ask_one(&limiter, d(&[("shadowed", &v)])).await;
-    assert_eq!((first.overall, first.statuses[0].remaining), (Code::Ok, 0));
+    assert_one(
+        &limiter,
+        d(&[("shadowed", &v)]),
+        (Code::Ok, 0),
+        "the first hit",
+    )
+    .await;
     for _ in 0..3 {
         let decision = ask_one(&limiter, d(&[("shadowed", &v)])).await;
         assert_eq!(decision.overall, Code::Ok);
@@ -686,11 +711,9 @@ async fn concurrent_rejected_requests_leave_no_residue(t: &Target) {
         let instances = t.two_instances().await;
         let key = format!("quota{suffix}");
         let v = fresh("concurrent-refund");
-        let mut tasks = Vec::new();
-        for task in 0..16usize {
-            let limiter = Arc::clone(&instances[task % 2]);
+        let admitted = admitted_by_concurrent_callers(&instances, 16, |limiter, task| {
             let (key, v) = (key.clone(), v.clone());
-            tasks.push(tokio::spawn(async move {
+            async move {
                 let mut admitted = 0u64;
                 for round in 0..40usize {
                     let doomed = (task + round) % 2 == 0;
@@ -706,19 +729,12 @@ async fn concurrent_rejected_requests_leave_no_residue(t: &Target) {
                     }
                 }
                 admitted
-            }));
-        }
-        let mut admitted = 0;
-        for task in tasks {
-            admitted += task.await.expect("task finished");
-        }
+            }
+        })
+        .await;
         assert_eq!(admitted, 10, "{}: {key}", t.name());
-        let probe = ask_one(&instances[0], with_addend(d(&[(&key, &v)]), 0)).await;
-        assert_eq!(
-            (probe.overall, probe.statuses[0].remaining),
-            (Code::OverLimit, 0),
-            "{key}"
-        );
+        let probe = with_addend(d(&[(&key, &v)]), 0);
+        assert_one(&instances[0], probe, (Code::OverLimit, 0), &key).await;
     }
 }
 
@@ -729,11 +745,9 @@ async fn concurrent_instances_never_exceed_the_limit(t: &Target) {
         let instances = t.two_instances().await;
         let key = format!("race{suffix}");
         let v = fresh("race");
-        let mut tasks = Vec::new();
-        for task in 0..32usize {
-            let limiter = Arc::clone(&instances[task % 2]);
+        let admitted = admitted_by_concurrent_callers(&instances, 32, |limiter, task| {
             let (key, v) = (key.clone(), v.clone());
-            tasks.push(tokio::spawn(async move {
+            async move {
                 let mut admitted = 0u64;
                 for round in 0..25usize {
                     let cost = if (task + round) % 5 == 0 { 2 } else { 1 };
@@ -744,19 +758,13 @@ async fn concurrent_instances_never_exceed_the_limit(t: &Target) {
                     }
                 }
                 admitted
-            }));
-        }
-        let mut admitted = 0;
-        for task in tasks {
-            admitted += task.await.expect("task finished");
-        }
+            }
+        })
+        .await;
         // 800 attempts at 150 units: never more, and the limit ends full.
         assert_eq!(admitted, 150, "{}: {key}", t.name());
-        let probe = ask_one(&instances[1], with_addend(d(&[(&key, &v)]), 0)).await;
-        assert_eq!(
-            (probe.overall, probe.statuses[0].remaining),
-            (Code::OverLimit, 0)
-        );
+        let probe = with_addend(d(&[(&key, &v)]), 0);
+        assert_one(&instances[1], probe, (Code::OverLimit, 0), &key).await;
     }
 }
 
@@ -767,11 +775,9 @@ async fn sharded_limit_stays_within_the_limit(t: &Target) {
         let instances = t.two_instances().await;
         let key = format!("hot{suffix}");
         let v = fresh("sharded");
-        let mut tasks = Vec::new();
-        for task in 0..16usize {
-            let limiter = Arc::clone(&instances[task % 2]);
+        let admitted = admitted_by_concurrent_callers(&instances, 16, |limiter, _| {
             let (key, v) = (key.clone(), v.clone());
-            tasks.push(tokio::spawn(async move {
+            async move {
                 let mut admitted = 0u64;
                 for _ in 0..25 {
                     let decision = ask_one(&limiter, d(&[(&key, &v)])).await;
@@ -783,12 +789,9 @@ async fn sharded_limit_stays_within_the_limit(t: &Target) {
                     }
                 }
                 admitted
-            }));
-        }
-        let mut admitted = 0;
-        for task in tasks {
-            admitted += task.await.expect("task finished");
-        }
+            }
+        })
+        .await;
         assert!(admitted <= 100, "{}: {key} admitted {admitted}", t.name());
         assert!(admitted >= 90, "{}: {key} admitted {admitted}", t.name());
     }

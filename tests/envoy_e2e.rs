@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::envoy::{Action, Envoy};
 use support::net::{Reply, free_addr};
 use support::redis::{RedisCluster, RedisServer};
-use support::tollgate::Tollgate;
+use support::tollgate::{Tollgate, per_user_per_minute};
 
 fn user(name: &str) -> [(&'static str, &str); 1] {
     [("x-user", name)]
@@ -29,13 +29,7 @@ fn header_number(reply: &Reply, name: &str) -> u64 {
 /// another user is not affected.
 #[test]
 fn per_user_limit_from_a_request_header() {
-    let tollgate = Tollgate::start(
-        "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-",
-    );
+    let tollgate = Tollgate::start(&per_user_per_minute(5));
     let envoy = Envoy::builder("edge", tollgate.grpc_addr())
         .descriptor(vec![Action::header("x-user", "user")])
         .start();
@@ -174,14 +168,7 @@ descriptors:
 #[test]
 fn shadow_mode_flag_never_refuses() {
     let tollgate = Tollgate::builder()
-        .policy(
-            "edge.yaml",
-            "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 2}
-",
-        )
+        .policy("edge.yaml", &per_user_per_minute(2))
         .args(["--shadow-mode"])
         .start();
     let envoy = Envoy::builder("edge", tollgate.grpc_addr())
@@ -227,13 +214,7 @@ descriptors:
 /// rate-limit headers) when it is false, and get 500 when it is true.
 #[test]
 fn tollgate_down_follows_envoy_failure_mode() {
-    let mut tollgate = Tollgate::start(
-        "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 100}
-",
-    );
+    let mut tollgate = Tollgate::start(&per_user_per_minute(100));
     let open = Envoy::builder("edge", tollgate.grpc_addr())
         .descriptor(vec![Action::header("x-user", "user")])
         .start();
@@ -383,14 +364,10 @@ fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_log() {
 #[test]
 fn two_instances_sharing_redis_admit_the_limit_once() {
     let redis = RedisServer::start();
-    let policy = "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-";
+    let policy = per_user_per_minute(5);
     let start = || {
         Tollgate::builder()
-            .policy("edge.yaml", policy)
+            .policy("edge.yaml", &policy)
             .args(["--backend", "redis", "--redis-url", &redis.url()])
             .start()
     };

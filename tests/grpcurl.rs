@@ -10,19 +10,13 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use support::net::{agent, free_addr, send};
-use support::tollgate::{LIVENESS, Tollgate};
+use support::tollgate::{LIVENESS, Tollgate, per_user_per_minute};
 use support::tools::grpcurl_bin;
 
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
 fn start() -> Tollgate {
-    Tollgate::start(
-        "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-",
-    )
+    Tollgate::start(&per_user_per_minute(5))
 }
 
 /// Runs `grpcurl -plaintext <flags> <addr> <verb...>`.
@@ -148,14 +142,7 @@ fn health_check(addr: SocketAddr, service: &str) -> String {
 fn grpcurl_health_tells_liveness_from_readiness_while_redis_is_down() {
     let nowhere = format!("redis://{}", free_addr());
     let tollgate = Tollgate::builder()
-        .policy(
-            "edge.yaml",
-            "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-",
-        )
+        .policy("edge.yaml", &per_user_per_minute(5))
         .args(["--backend", "redis", "--redis-url", &nowhere])
         .start_alive();
     let addr = tollgate.grpc_addr();

@@ -56,12 +56,42 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Cost) 
     }
 }
 
+async fn connect(url: &str, timeout: Duration) -> RedisBackend {
+    RedisBackend::connect(url, PREFIX, timeout)
+        .await
+        .expect("connect")
+}
+
+async fn connect_cluster(urls: &[String], timeout: Duration) -> ClusterBackend {
+    ClusterBackend::connect(urls, PREFIX, timeout)
+        .await
+        .expect("connect")
+}
+
+/// The outcome of one hit decided at the instant `now` (ms since the epoch).
+async fn one_at(backend: &RedisBackend, hit: &Hit, now: u64) -> Outcome {
+    backend
+        .acquire_at(std::slice::from_ref(hit), now)
+        .await
+        .remove(0)
+        .expect("decided")
+}
+
 async fn one<B: Backend>(backend: &B, hit: &Hit) -> Outcome {
     let mut results = backend.acquire(std::slice::from_ref(hit)).await;
     assert_eq!(results.len(), 1);
     results
         .remove(0)
         .unwrap_or_else(|err| panic!("{hit:?}: {err}"))
+}
+
+/// Asserts whether a hit was admitted and what it left, whatever its reset.
+fn assert_admitted(outcome: &Outcome, admitted: bool, remaining: u64) {
+    assert_eq!(
+        (outcome.verdict.admitted, outcome.verdict.remaining),
+        (admitted, remaining),
+        "{outcome:?}"
+    );
 }
 
 /// Asserts an admitted hit's counts; the reset time is checked against the bounds the wall clock
@@ -144,8 +174,7 @@ async fn weighted_costs<B: Backend>(backend: &B) {
         let key = fresh_key("weighted");
         let at = |cost| hit(&key, algorithm, 10, LONG_WINDOW_MS, cost);
         let first = one(backend, &at(Cost::Consume(4))).await;
-        assert!(first.verdict.admitted);
-        assert_eq!(first.verdict.remaining, 6);
+        assert_admitted(&first, true, 6);
         assert_eq!(first.receipt.as_ref().map(|r| r.cost), Some(4));
 
         let too_much = one(backend, &at(Cost::Consume(7))).await;
@@ -156,13 +185,8 @@ async fn weighted_costs<B: Backend>(backend: &B) {
         );
         assert!(too_much.verdict.reset_ms > 0);
 
-        let rest = one(backend, &at(Cost::Consume(6))).await;
-        assert!(rest.verdict.admitted);
-        assert_eq!(rest.verdict.remaining, 0);
-
-        let full = one(backend, &at(Cost::Consume(1))).await;
-        assert!(!full.verdict.admitted);
-        assert_eq!(full.verdict.remaining, 0);
+        assert_admitted(&one(backend, &at(Cost::Consume(6))).await, true, 0);
+        assert_admitted(&one(backend, &at(Cost::Consume(1))).await, false, 0);
     }
 }
 
@@ -178,13 +202,11 @@ async fn check_only_consumes_nothing<B: Backend>(backend: &B) {
         }
         assert!(one(backend, &at(Cost::Consume(1))).await.verdict.admitted);
         let half = one(backend, &at(Cost::CheckOnly)).await;
-        assert!(half.verdict.admitted);
-        assert_eq!(half.verdict.remaining, 1);
+        assert_admitted(&half, true, 1);
         assert!(half.verdict.reset_ms > 0, "{half:?}");
         assert!(one(backend, &at(Cost::Consume(1))).await.verdict.admitted);
         let full = one(backend, &at(Cost::CheckOnly)).await;
-        assert!(!full.verdict.admitted, "{full:?}");
-        assert_eq!(full.verdict.remaining, 0);
+        assert_admitted(&full, false, 0);
         assert!(full.verdict.reset_ms > 0);
     }
 }
@@ -199,9 +221,7 @@ async fn cost_above_the_limit_never_fits<B: Backend>(backend: &B) {
             assert_eq!(refused.receipt, None);
         }
         // nothing was consumed by the refusals
-        let all = one(backend, &at(3, Cost::Consume(3))).await;
-        assert!(all.verdict.admitted);
-        assert_eq!(all.verdict.remaining, 0);
+        assert_admitted(&one(backend, &at(3, Cost::Consume(3))).await, true, 0);
         // a limit of 0 refuses everything, checks included, for a full window
         let zero_key = fresh_key("zero");
         for cost in [Cost::CheckOnly, Cost::Consume(1)] {
@@ -211,32 +231,13 @@ async fn cost_above_the_limit_never_fits<B: Backend>(backend: &B) {
         // a huge limit with a huge cost is exact
         let huge_key = fresh_key("huge");
         let limit = (1 << 53) - 1;
-        let huge = one(
-            backend,
-            &hit(
-                &huge_key,
-                algorithm,
-                limit,
-                LONG_WINDOW_MS,
-                Cost::Consume(limit - 1),
-            ),
-        )
-        .await;
-        assert!(huge.verdict.admitted, "{huge:?}");
-        assert_eq!(huge.verdict.remaining, 1);
-        let last = one(
-            backend,
-            &hit(
-                &huge_key,
-                algorithm,
-                limit,
-                LONG_WINDOW_MS,
-                Cost::Consume(2),
-            ),
-        )
-        .await;
-        assert!(!last.verdict.admitted, "{last:?}");
-        assert_eq!(last.verdict.remaining, 1);
+        let huge = |cost| hit(&huge_key, algorithm, limit, LONG_WINDOW_MS, cost);
+        assert_admitted(
+            &one(backend, &huge(Cost::Consume(limit - 1))).await,
+            true,
+            1,
+        );
+        assert_admitted(&one(backend, &huge(Cost::Consume(2))).await, false, 1);
     }
 }
 
@@ -267,9 +268,7 @@ async fn release_restores_the_quota<B: Backend>(backend: &B) {
             .release(&[kept.receipt.expect("a receipt")])
             .await
             .expect("release");
-        let whole = one(backend, &at(Cost::Consume(5))).await;
-        assert!(whole.verdict.admitted, "{whole:?}");
-        assert_eq!(whole.verdict.remaining, 0);
+        assert_admitted(&one(backend, &at(Cost::Consume(5))).await, true, 0);
         backend.release(&[]).await.expect("releasing nothing");
     }
 }
@@ -354,9 +353,7 @@ async fn conformance_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_redis() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url(), PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect(&server.url(), TIMEOUT).await;
     conformance(&backend).await;
     backend.ping().await.expect("ping");
     assert_every_key_has_a_ttl(&server.keys_with_ttls(&format!("{PREFIX}*")));
@@ -365,9 +362,7 @@ async fn conformance_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_redis_cluster() {
     let cluster = RedisCluster::start();
-    let backend = ClusterBackend::connect(&cluster.urls(), PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect_cluster(&cluster.urls(), TIMEOUT).await;
     conformance(&backend).await;
     backend.ping().await.expect("ping");
     let keys = cluster.keys_with_ttls(&format!("{PREFIX}*"));
@@ -423,9 +418,7 @@ fn assert_every_key_has_a_ttl(keys: &[(String, i64)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_follow_the_window_math() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url(), PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect(&server.url(), TIMEOUT).await;
     let mut rng = fastrand::Rng::with_seed(7);
     // (limit, window): ordinary, tiny, and large enough that limit * window passes 2^53
     let shapes: [(u64, u64); 5] = [
@@ -474,11 +467,7 @@ async fn scripts_follow_the_window_math() {
                     _ => Cost::Consume(rng.u64(1..=(limit / 3).clamp(1, 4))),
                 };
                 let h = hit(&key, algorithm, limit, window_ms, cost);
-                let outcome = backend
-                    .acquire_at(std::slice::from_ref(&h), now)
-                    .await
-                    .remove(0)
-                    .expect("decided");
+                let outcome = one_at(&backend, &h, now).await;
                 let k = now / window_ms;
                 let expected = match algorithm {
                     Algorithm::SlidingWindowCounter => {
@@ -525,9 +514,7 @@ async fn scripts_follow_the_window_math() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_time_is_the_first_instant_that_admits() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url(), PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect(&server.url(), TIMEOUT).await;
     let window_ms = 60_000;
     let base = 1_700_000_040_000; // a window boundary
     for algorithm in ALGORITHMS {
@@ -539,30 +526,18 @@ async fn retry_time_is_the_first_instant_that_admits() {
         ] {
             let key = fresh_key("retry");
             let h = |cost| hit(&key, algorithm, 10, window_ms, cost);
-            let filled = backend.acquire_at(&[h(Cost::Consume(fill))], fill_at).await;
-            assert!(filled[0].as_ref().expect("decided").verdict.admitted);
-            let refused = backend
-                .acquire_at(&[h(cost)], ask_at)
-                .await
-                .remove(0)
-                .expect("decided");
+            let filled = one_at(&backend, &h(Cost::Consume(fill)), fill_at).await;
+            assert!(filled.verdict.admitted);
+            let refused = one_at(&backend, &h(cost), ask_at).await;
             assert!(!refused.verdict.admitted, "{refused:?}");
             let retry = refused.verdict.reset_ms;
             assert!(retry > 0);
-            let early = backend
-                .acquire_at(&[h(cost)], ask_at + retry - 1)
-                .await
-                .remove(0)
-                .expect("decided");
+            let early = one_at(&backend, &h(cost), ask_at + retry - 1).await;
             assert!(
                 !early.verdict.admitted,
                 "{algorithm} {cost:?}: admitted before {retry} ms"
             );
-            let on_time = backend
-                .acquire_at(&[h(cost)], ask_at + retry)
-                .await
-                .remove(0)
-                .expect("decided");
+            let on_time = one_at(&backend, &h(cost), ask_at + retry).await;
             assert!(
                 on_time.verdict.admitted,
                 "{algorithm} {cost:?}: refused at {retry} ms"
@@ -581,16 +556,8 @@ async fn retry_time_is_the_first_instant_that_admits() {
 async fn two_instances_never_admit_more_than_the_limit() {
     let server = RedisServer::start();
     let instances = [
-        Arc::new(
-            RedisBackend::connect(&server.url(), PREFIX, Duration::from_secs(5))
-                .await
-                .expect("connect"),
-        ),
-        Arc::new(
-            RedisBackend::connect(&server.url(), PREFIX, Duration::from_secs(5))
-                .await
-                .expect("connect"),
-        ),
+        Arc::new(connect(&server.url(), Duration::from_secs(5)).await),
+        Arc::new(connect(&server.url(), Duration::from_secs(5)).await),
     ];
     for algorithm in ALGORITHMS {
         let key = fresh_key("race");
@@ -630,9 +597,7 @@ async fn two_instances_never_admit_more_than_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_written_has_a_bounded_ttl() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url(), PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect(&server.url(), TIMEOUT).await;
     let window_ms = 10_000;
     let mut receipts = Vec::new();
     for algorithm in ALGORITHMS {
@@ -669,9 +634,7 @@ async fn every_key_written_has_a_bounded_ttl() {
 async fn stopped_redis_fails_fast_and_recovers() {
     let mut server = RedisServer::start();
     let timeout = Duration::from_millis(200);
-    let backend = RedisBackend::connect(&server.url(), PREFIX, timeout)
-        .await
-        .expect("connect");
+    let backend = connect(&server.url(), timeout).await;
     let key = fresh_key("outage");
     let h = hit(
         &key,
@@ -752,13 +715,9 @@ fn futures_block_on<F: std::future::Future>(future: F) -> F::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_is_survived() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url(), PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect(&server.url(), TIMEOUT).await;
     let cluster = RedisCluster::start();
-    let cluster_backend = ClusterBackend::connect(&cluster.urls(), PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let cluster_backend = connect_cluster(&cluster.urls(), TIMEOUT).await;
     for algorithm in ALGORITHMS {
         let key = fresh_key("flush");
         let h = hit(&key, algorithm, 10, LONG_WINDOW_MS, Cost::Consume(1));
@@ -778,21 +737,10 @@ async fn script_flush_is_survived() {
                     .collect();
                 assert_eq!(outcomes[1].verdict.remaining, remaining);
             }
-            let receipts: Vec<_> = [
-                one(
-                    &backend,
-                    &hit(&key, algorithm, 10, LONG_WINDOW_MS, Cost::Consume(1)),
-                )
-                .await,
-                one(
-                    &cluster_backend,
-                    &hit(&key, algorithm, 10, LONG_WINDOW_MS, Cost::Consume(1)),
-                )
-                .await,
-            ]
-            .into_iter()
-            .map(|o| o.receipt.expect("a receipt"))
-            .collect();
+            let receipts: Vec<_> = [one(&backend, &h).await, one(&cluster_backend, &h).await]
+                .into_iter()
+                .map(|o| o.receipt.expect("a receipt"))
+                .collect();
             if flush {
                 server.script_flush();
                 cluster.script_flush();
@@ -815,9 +763,7 @@ async fn script_flush_is_survived() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_is_followed() {
     let mut cluster = RedisCluster::start();
-    let backend = ClusterBackend::connect(&cluster.urls(), PREFIX, Duration::from_millis(300))
-        .await
-        .expect("connect");
+    let backend = connect_cluster(&cluster.urls(), Duration::from_millis(300)).await;
     let spaces = KeySpace::new(PREFIX);
     let mut victims = Vec::new();
     for algorithm in ALGORITHMS {
@@ -871,9 +817,7 @@ async fn cluster_failover_is_followed() {
             HOUR_MS,
             Cost::Consume(2),
         );
-        let outcome = one(&backend, &h).await;
-        assert!(outcome.verdict.admitted);
-        assert_eq!(outcome.verdict.remaining, 0);
+        assert_admitted(&one(&backend, &h).await, true, 0);
     }
     backend.ping().await.expect("all running masters answer");
 }
@@ -883,9 +827,7 @@ async fn cluster_failover_is_followed() {
 async fn password_from_the_url() {
     let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
     let url = format!("redis://:s3cret@127.0.0.1:{}", server.port());
-    let backend = RedisBackend::connect(&url, PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect(&url, TIMEOUT).await;
     let h = hit(
         &fresh_key("auth"),
         Algorithm::SlidingWindowCounter,
@@ -895,9 +837,7 @@ async fn password_from_the_url() {
     );
     assert_eq!(one(&backend, &h).await.verdict.remaining, 1);
     let user_url = format!("redis://default:s3cret@127.0.0.1:{}", server.port());
-    let with_user = RedisBackend::connect(&user_url, PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let with_user = connect(&user_url, TIMEOUT).await;
     assert_eq!(one(&with_user, &h).await.verdict.remaining, 0);
 
     let wrong = format!("redis://:wrong@127.0.0.1:{}", server.port());
@@ -919,9 +859,7 @@ async fn tls_from_a_rediss_url() {
     let server = RedisServer::start_tls();
     let port = server.tls_port().expect("a TLS port");
     let url = format!("rediss://127.0.0.1:{port}/#insecure");
-    let backend = RedisBackend::connect(&url, PREFIX, TIMEOUT)
-        .await
-        .expect("connect");
+    let backend = connect(&url, TIMEOUT).await;
     let h = hit(
         &fresh_key("tls"),
         Algorithm::SlidingWindowLog,

@@ -436,7 +436,7 @@ impl Shard {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
@@ -460,7 +460,8 @@ mod tests {
         }
     }
 
-    async fn one(backend: &MemoryBackend, hit: &Hit) -> Outcome {
+    /// Decides one hit on any backend (the shard tests use it too).
+    pub(crate) async fn one<B: Backend>(backend: &B, hit: &Hit) -> Outcome {
         let mut results = backend.acquire(std::slice::from_ref(hit)).await;
         assert_eq!(results.len(), 1);
         results.remove(0).unwrap()
@@ -879,7 +880,7 @@ mod tests {
                     tokio::spawn(async move {
                         let h = hit("hot", algorithm, 500, Cost::Consume(1));
                         for _ in 0..100 {
-                            if one(&backend, &h).await.verdict.admitted {
+                            if one(backend.as_ref(), &h).await.verdict.admitted {
                                 admitted.fetch_add(1, Ordering::Relaxed);
                             }
                             tokio::task::yield_now().await;

@@ -228,6 +228,7 @@ mod tests {
 
     use super::*;
     use crate::backend::MemoryBackend;
+    use crate::backend::memory::tests::one;
     use crate::clock::{Clock, ManualClock};
     use crate::window::Algorithm;
 
@@ -289,12 +290,6 @@ mod tests {
             cost,
             shards,
         }
-    }
-
-    async fn one<B: Backend>(backend: &B, hit: &Hit) -> Outcome {
-        let mut results = backend.acquire(std::slice::from_ref(hit)).await;
-        assert_eq!(results.len(), 1);
-        results.remove(0).unwrap()
     }
 
     /// What shard `shard` of `hit` has left, read straight from the inner backend.

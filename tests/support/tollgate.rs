@@ -29,6 +29,18 @@ pub fn tollgate_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_tollgate"))
 }
 
+/// The policy most tests need: domain `edge`, each `user` value limited to `requests` hits a
+/// minute by the default algorithm.
+pub fn per_user_per_minute(requests: u64) -> String {
+    format!(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {{unit: minute, requests_per_unit: {requests}}}
+"
+    )
+}
+
 /// What to start: policy files and extra `serve` flags.
 #[derive(Debug, Default, Clone)]
 pub struct TollgateBuilder {
