@@ -872,3 +872,122 @@ async fn tls_from_a_rediss_url() {
     // the plain port sees the same data
     assert_eq!(server.keys_with_ttls(&format!("{PREFIX}*")).len(), 2);
 }
+
+/// Watches the commands clients send to some Redis servers (with `redis-cli monitor`), leaving
+/// out the ones scripts run inside Redis: `INFO commandstats` counts both alike.
+struct ClientCommands {
+    monitors: Vec<std::process::Child>,
+    readers: Vec<std::thread::JoinHandle<Vec<String>>>,
+}
+
+impl ClientCommands {
+    fn watch<'a>(servers: impl Iterator<Item = &'a RedisServer>) -> Self {
+        use std::io::BufRead;
+        let mut monitors = Vec::new();
+        let mut readers = Vec::new();
+        for server in servers {
+            let mut child = std::process::Command::new("redis-cli")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &server.port().to_string(),
+                    "monitor",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("redis-cli monitor starts");
+            let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+            // MONITOR answers OK once it is watching.
+            assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("OK"));
+            readers.push(std::thread::spawn(move || {
+                lines.map_while(Result::ok).collect()
+            }));
+            monitors.push(child);
+        }
+        ClientCommands { monitors, readers }
+    }
+
+    /// Stops watching and counts each client command by name.
+    fn stop(mut self) -> BTreeMap<String, u64> {
+        // Give the last replies' MONITOR lines time to arrive.
+        std::thread::sleep(Duration::from_millis(300));
+        for monitor in &mut self.monitors {
+            let _ = monitor.kill();
+            let _ = monitor.wait();
+        }
+        let mut counts = BTreeMap::new();
+        for reader in self.readers {
+            for line in reader.join().expect("monitor reader") {
+                // `<time> [<db> <source>] "<command>" ...`; scripts' commands have source `lua`.
+                let Some((source, rest)) = line.split_once("] ") else {
+                    continue;
+                };
+                if source.ends_with(" lua") {
+                    continue;
+                }
+                let name = rest.split('"').nth(1).unwrap_or("").to_ascii_lowercase();
+                *counts.entry(name).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+}
+
+/// Admitted decisions of three limiters each, both algorithms mixed.
+fn three_limiters(round: usize) -> [Hit; 3] {
+    [
+        hit(
+            &fresh_key(&format!("calls-c-{round}")),
+            Algorithm::SlidingWindowCounter,
+            1000,
+            HOUR_MS,
+            Cost::Consume(1),
+        ),
+        hit(
+            &fresh_key(&format!("calls-l-{round}")),
+            Algorithm::SlidingWindowLog,
+            1000,
+            HOUR_MS,
+            Cost::Consume(2),
+        ),
+        hit(
+            &fresh_key("calls-shared"),
+            Algorithm::SlidingWindowCounter,
+            1000,
+            HOUR_MS,
+            Cost::CheckOnly,
+        ),
+    ]
+}
+
+/// One decision costs one script execution per limiter and nothing else: no GET, no EXPIRE, no
+/// SCRIPT LOAD per request, on one server and on the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_per_limiter_and_no_other_command() {
+    const ROUNDS: usize = 20;
+    let expected = BTreeMap::from([("evalsha".to_string(), (ROUNDS * 3) as u64)]);
+
+    let server = RedisServer::start();
+    let backend = connect(&server.url(), TIMEOUT).await;
+    // The first call loads the scripts; only what follows is counted.
+    backend.acquire(&three_limiters(usize::MAX)).await;
+    let watch = ClientCommands::watch(std::iter::once(&server));
+    for round in 0..ROUNDS {
+        for result in backend.acquire(&three_limiters(round)).await {
+            assert!(result.expect("decided").verdict.admitted);
+        }
+    }
+    assert_eq!(watch.stop(), expected, "one server");
+
+    let cluster = RedisCluster::start();
+    let backend = connect_cluster(&cluster.urls(), TIMEOUT).await;
+    backend.acquire(&three_limiters(usize::MAX)).await;
+    let watch = ClientCommands::watch(cluster.masters());
+    for round in 0..ROUNDS {
+        for result in backend.acquire(&three_limiters(round)).await {
+            assert!(result.expect("decided").verdict.admitted);
+        }
+    }
+    assert_eq!(watch.stop(), expected, "cluster masters");
+}
