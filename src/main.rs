@@ -13,7 +13,7 @@ use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, MemoryBackend};
 use tollgate::config::{Config, FailureMode};
 use tollgate::limiter::{Limiter, Settings};
-use tollgate::server::{self, ServeOptions};
+use tollgate::server::{self, Listeners, ServeOptions};
 
 /// A sliding-window rate-limit service for Envoy (RateLimitService v3).
 #[derive(Debug, Parser)]
@@ -197,14 +197,13 @@ fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
             retry_after_header: args.retry_after_header,
         };
         let limiter = Arc::new(Limiter::new(Arc::new(config), backend, settings));
+        let listeners = Listeners::bind(args.grpc_addr, args.http_addr).await?;
         let options = ServeOptions {
-            grpc_addr: args.grpc_addr,
-            http_addr: args.http_addr,
             config_path: args.config.clone(),
             reload_interval: args.reload_interval,
             drain_timeout: args.drain_timeout,
         };
-        server::serve(limiter, options, termination())
+        server::serve(limiter, listeners, options, termination())
             .await
             .context("serving failed")
     })

@@ -3,9 +3,6 @@
 //! `/rlconfig` shows the loaded limits and follows hot reloads, `/metrics` counts requests by
 //! code, `/healthcheck` follows the backend, and SIGTERM drains before a clean exit.
 
-#[allow(dead_code)]
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -21,9 +18,9 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use support::net::{Reply, agent, send};
-use support::redis::RedisServer;
-use support::tollgate::{LIVENESS, Tollgate, health_status, per_user_per_minute};
+use tollgate_testkit::net::{Reply, agent, send};
+use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::tollgate::{LIVENESS, Tollgate, health_status, per_user_per_minute};
 
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 

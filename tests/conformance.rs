@@ -9,18 +9,15 @@
 //! checked against ranges, and the exact numbers are kept for the log and for the long windows.
 //! Each case uses descriptor values no other case uses, so cases cannot disturb each other.
 
-#[allow(dead_code)]
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::redis::{RedisCluster, RedisServer};
 use tollgate::backend::{AnyBackend, ClusterBackend, MemoryBackend, RedisBackend, Sharded};
 use tollgate::config::{Config, FailureMode};
 use tollgate::descriptor::{Descriptor, Entry, Request, Unit};
 use tollgate::limiter::{Code, Decision, Limiter, Settings, Status};
+use tollgate_testkit::redis::{RedisCluster, RedisServer};
 
 const DOMAIN: &str = "conformance";
 
@@ -873,7 +870,7 @@ async fn failure_modes_and_recovery(t: &Target, stop: impl FnOnce(), restart: im
         .await;
 
     // Nothing listens: a limiter can start before its Redis and still answer.
-    let nowhere = format!("redis://{}", support::net::free_addr());
+    let nowhere = format!("redis://{}", tollgate_testkit::net::free_addr());
     let nowhere = match store {
         Store::Cluster(_) => Store::Cluster(vec![nowhere]),
         _ => Store::Redis(nowhere),

@@ -6,9 +6,6 @@
 //! resources, the policies ConfigMap loading with `tollgate check`); the Dockerfile is read for a
 //! multi-stage static, non-root build.
 
-#[allow(dead_code)]
-mod support;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,10 +16,10 @@ use tollgate::proto::RLS_SERVICE_NAME as RLS;
 use tollgate::server::health::LIVENESS_SERVICE;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::envoy::Envoy;
-use support::net::{Reply, free_addr};
-use support::tollgate::{Tollgate, health_status, tollgate_bin};
-use support::tools::{envoy_bin, manifest_dir};
+use tollgate_testkit::envoy::Envoy;
+use tollgate_testkit::net::{Reply, free_addr};
+use tollgate_testkit::tollgate::{Tollgate, health_status, tollgate_bin};
+use tollgate_testkit::tools::{envoy_bin, manifest_dir};
 
 fn repo_path(relative: &str) -> PathBuf {
     manifest_dir().join(relative)

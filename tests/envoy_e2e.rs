@@ -1,15 +1,12 @@
 //! End to end through a real Envoy: its HTTP rate-limit filter calls a real tollgate over gRPC,
 //! and the tests send real HTTP requests to Envoy and read what a client would see.
 
-#[allow(dead_code)]
-mod support;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::envoy::{Action, Envoy};
-use support::net::{Reply, free_addr};
-use support::redis::{RedisCluster, RedisServer};
-use support::tollgate::{Tollgate, per_user_per_minute};
+use tollgate_testkit::envoy::{Action, Envoy};
+use tollgate_testkit::net::{Reply, free_addr};
+use tollgate_testkit::redis::{RedisCluster, RedisServer};
+use tollgate_testkit::tollgate::{Tollgate, per_user_per_minute};
 
 fn user(name: &str) -> [(&'static str, &str); 1] {
     [("x-user", name)]

@@ -2,16 +2,13 @@
 //! shows, run with the real grpcurl binary against a real tollgate. Older grpcurl releases (the
 //! one used here included) speak only reflection v1alpha; v1 is checked with tonic's client.
 
-#[allow(dead_code)]
-mod support;
-
 use std::net::SocketAddr;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use support::net::{agent, free_addr, send};
-use support::tollgate::{LIVENESS, Tollgate, per_user_per_minute};
-use support::tools::grpcurl_bin;
+use tollgate_testkit::net::{agent, free_addr, send};
+use tollgate_testkit::tollgate::{LIVENESS, Tollgate, per_user_per_minute};
+use tollgate_testkit::tools::grpcurl_bin;
 
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 

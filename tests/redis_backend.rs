@@ -4,20 +4,17 @@
 //! what happens when Redis misbehaves: concurrency from two instances, TTLs, a server that stops
 //! and comes back, SCRIPT FLUSH, a cluster master that dies.
 
-#[allow(dead_code)]
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::redis::{RedisCluster, RedisServer, wait_until};
 use tollgate::backend::redis::KeySpace;
 use tollgate::backend::{
     Backend, BackendError, ClusterBackend, Hit, MemoryBackend, Outcome, RedisBackend,
 };
 use tollgate::window::{self, Algorithm, Cost, Verdict};
+use tollgate_testkit::redis::{RedisCluster, RedisServer, wait_until};
 
 const PREFIX: &str = "tollgate-test:";
 const TIMEOUT: Duration = Duration::from_millis(500);

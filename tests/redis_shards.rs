@@ -5,15 +5,11 @@
 //! admit more than the limit yet use nearly all of it, weighted costs, refunds of rejected
 //! requests, and the `tollgate check` warning for thin shards.
 
-#[allow(dead_code)]
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::redis::{RedisCluster, RedisServer};
 use tollgate::backend::redis::KeySpace;
 use tollgate::backend::shard::shard_budget;
 use tollgate::backend::{
@@ -23,6 +19,7 @@ use tollgate::config::Config;
 use tollgate::descriptor::{Descriptor, Entry, Request};
 use tollgate::limiter::{Code, Limiter, Settings, limiter_key};
 use tollgate::window::{Algorithm, Cost};
+use tollgate_testkit::redis::{RedisCluster, RedisServer};
 
 const PREFIX: &str = "tollgate-shards:";
 const TIMEOUT: Duration = Duration::from_secs(2);

@@ -45,13 +45,41 @@ impl<B: Backend> App<B> {
     }
 }
 
-/// Where and how to serve.
+/// The sockets tollgate serves on, bound before serving starts.
+///
+/// Binding is the caller's job so that tests (and embedders) can bind port 0 and learn the port
+/// before anything connects, with no window in which another process could take it.
+#[derive(Debug)]
+pub struct Listeners {
+    /// RLS, health and reflection (gRPC).
+    pub grpc: TcpListener,
+    /// The admin HTTP interface.
+    pub http: TcpListener,
+}
+
+impl Listeners {
+    /// Binds both addresses; port 0 picks a free port.
+    pub async fn bind(grpc: SocketAddr, http: SocketAddr) -> Result<Listeners, ServeError> {
+        Ok(Listeners {
+            grpc: bind(grpc).await?,
+            http: bind(http).await?,
+        })
+    }
+
+    /// The address the gRPC listener is bound to.
+    pub fn grpc_addr(&self) -> std::io::Result<SocketAddr> {
+        self.grpc.local_addr()
+    }
+
+    /// The address the admin HTTP listener is bound to.
+    pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
+        self.http.local_addr()
+    }
+}
+
+/// How to serve.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// The gRPC listen address.
-    pub grpc_addr: SocketAddr,
-    /// The admin HTTP listen address.
-    pub http_addr: SocketAddr,
     /// The config file or directory, re-read when it changes.
     pub config_path: PathBuf,
     /// How often the config path is checked for changes.
@@ -71,6 +99,9 @@ pub enum ServeError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A bound listener could not report its address.
+    #[error("listener unusable: {0}")]
+    Listener(std::io::Error),
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
@@ -82,15 +113,20 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Serves until `shutdown` resolves, then drains: health turns NOT_SERVING, listeners close,
-/// calls in flight finish.
+/// Serves on `listeners` until `shutdown` resolves, then drains: health turns NOT_SERVING,
+/// listeners close, calls in flight finish.
 pub async fn serve<B: Backend>(
     limiter: Arc<Limiter<B>>,
+    listeners: Listeners,
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let grpc_listener = bind(options.grpc_addr).await?;
-    let http_listener = bind(options.http_addr).await?;
+    let Listeners {
+        grpc: grpc_listener,
+        http: http_listener,
+    } = listeners;
+    let grpc_addr = grpc_listener.local_addr().map_err(ServeError::Listener)?;
+    let http_addr = http_listener.local_addr().map_err(ServeError::Listener)?;
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
@@ -132,7 +168,7 @@ pub async fn serve<B: Backend>(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    tracing::info!(grpc = %grpc_listener.local_addr().map_err(|e| ServeError::Bind { addr: options.grpc_addr, source: e })?, http = %http_listener.local_addr().map_err(|e| ServeError::Bind { addr: options.http_addr, source: e })?, "tollgate listening");
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, "tollgate listening");
 
     let grpc = tonic::transport::Server::builder()
         .add_service(

@@ -326,16 +326,16 @@ impl Envoy {
     fn spawn(&mut self) {
         let log = File::create(&self.log_path).expect("create the Envoy log file");
         let stderr = log.try_clone().expect("clone the log file handle");
-        let child = Command::new(envoy_bin())
+        let mut command = Command::new(envoy_bin());
+        command
             .arg("-c")
             .arg(&self.bootstrap_path)
             .args(["--disable-hot-restart", "--concurrency", "1"])
             .args(["--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(log)
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn the Envoy binary");
+            .stderr(stderr);
+        let child = crate::process::spawn(command).expect("spawn the Envoy binary");
         self.child = Some(child);
     }
 

@@ -13,20 +13,35 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::net::free_addr;
-
 /// The gRPC health service name that is SERVING whenever tollgate runs and is not draining.
 pub use tollgate::server::health::LIVENESS_SERVICE as LIVENESS;
 
 /// How long a debug build on a busy machine may take to become SERVING.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Attempts with fresh ports when the chosen ones were taken before tollgate bound them.
-const START_ATTEMPTS: usize = 3;
-
-/// The path of the `tollgate` binary cargo built for the integration tests.
-pub fn tollgate_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_tollgate"))
+/// The `tollgate` binary: `$TOLLGATE_BIN`, else the one cargo built beside the running test or
+/// benchmark (`target/<profile>/tollgate`; tests run from `target/<profile>/deps/`).
+pub fn tollgate_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOLLGATE_BIN").filter(|path| !path.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("the path of the running executable");
+    let candidates = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("tollgate"))
+        .collect::<Vec<_>>();
+    candidates
+        .iter()
+        .find(|path| path.is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "the tollgate binary is not built (looked at {candidates:?}): run the tests with \
+                 cargo test, or cargo build --bin tollgate first, or set $TOLLGATE_BIN"
+            )
+        })
 }
 
 /// The policy most tests need: domain `edge`, each `user` value limited to `requests` hits a
@@ -84,33 +99,49 @@ impl TollgateBuilder {
         for (name, yaml) in &self.policies {
             std::fs::write(config_dir.join(name), yaml).expect("write a policy file");
         }
-        let mut last_log = String::new();
-        for attempt in 1..=START_ATTEMPTS {
-            let mut tollgate = Tollgate {
-                child: None,
-                grpc_addr: free_addr(),
-                http_addr: free_addr(),
-                log_path: dir.path().join(format!("tollgate-{attempt}.log")),
-                config_dir: config_dir.clone(),
-                args: self.args.clone(),
-                _dir: None,
-            };
-            tollgate.spawn();
-            match tollgate.wait_serving(service) {
-                Ok(()) => {
-                    tollgate._dir = Some(dir);
-                    return tollgate;
-                }
-                Err(log) if port_taken(&log) => last_log = log,
-                Err(log) => panic!("tollgate did not become SERVING:\n{log}"),
-            }
+        let mut tollgate = Tollgate {
+            child: None,
+            grpc_addr: UNBOUND,
+            http_addr: UNBOUND,
+            log_path: dir.path().join("tollgate.log"),
+            config_dir,
+            args: self.args,
+            _dir: Some(dir),
+        };
+        tollgate.spawn();
+        if let Err(log) = tollgate.wait_serving(service) {
+            panic!("tollgate did not become SERVING:\n{log}");
         }
-        panic!("tollgate could not bind free ports in {START_ATTEMPTS} attempts:\n{last_log}");
+        tollgate
     }
 }
 
-fn port_taken(log: &str) -> bool {
-    log.contains("Address already in use") || log.contains("AddrInUse")
+/// The address of a listener tollgate has not reported yet.
+const UNBOUND: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    0,
+));
+
+/// The addresses tollgate reports once its listeners are bound, from its start-up log line
+/// (`... tollgate listening grpc=127.0.0.1:41234 http=127.0.0.1:41235`, or the same fields in
+/// JSON).
+pub fn listening_addrs(log: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let line = log
+        .lines()
+        .find(|line| line.contains("tollgate listening"))?;
+    let field = |name: &str| -> Option<SocketAddr> {
+        for pattern in [format!("{name}="), format!("\"{name}\":\"")] {
+            if let Some(start) = line.find(&pattern) {
+                let rest = &line[start + pattern.len()..];
+                let end = rest
+                    .find(|c: char| c.is_whitespace() || c == '"' || c == ',')
+                    .unwrap_or(rest.len());
+                return rest[..end].parse().ok();
+            }
+        }
+        None
+    };
+    Some((field("grpc")?, field("http")?))
 }
 
 /// A running tollgate process; dropping it kills the process.
@@ -209,22 +240,23 @@ impl Tollgate {
     fn spawn(&mut self) {
         let log = File::create(&self.log_path).expect("create the tollgate log file");
         let stderr = log.try_clone().expect("clone the log file handle");
-        let child = Command::new(tollgate_bin())
+        // Port 0: tollgate binds free ports itself and logs them, so nothing can take them
+        // between choosing and binding. The caller's own --grpc-addr/--http-addr win.
+        let mut command = Command::new(tollgate_bin());
+        command
             .arg("serve")
             .arg("--config")
             .arg(&self.config_dir)
-            .arg("--grpc-addr")
-            .arg(self.grpc_addr.to_string())
-            .arg("--http-addr")
-            .arg(self.http_addr.to_string())
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(&self.args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log)
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn the tollgate binary");
+            .stderr(stderr);
+        let child = crate::process::spawn(command).expect("spawn the tollgate binary");
         self.child = Some(child);
+        self.grpc_addr = UNBOUND;
+        self.http_addr = UNBOUND;
     }
 
     /// Polls gRPC health of `service` until SERVING; on failure returns the log.
@@ -241,6 +273,15 @@ impl Tollgate {
             {
                 self.child = None;
                 return Err(format!("tollgate exited with {status}\n{}", self.log()));
+            }
+            if self.grpc_addr == UNBOUND {
+                match listening_addrs(&self.log()) {
+                    Some((grpc, http)) => (self.grpc_addr, self.http_addr) = (grpc, http),
+                    None => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                }
             }
             match runtime.block_on(health_status(self.grpc_addr, service)) {
                 Ok(ServingStatus::Serving) => return Ok(()),

@@ -8,9 +8,10 @@ use std::sync::Mutex;
 /// Serialises installs between the tests of one binary (the script itself also takes a lock).
 static INSTALL: Mutex<()> = Mutex::new(());
 
-/// The repository root.
+/// The repository root (the testkit lives one level below it).
 pub fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let testkit = Path::new(env!("CARGO_MANIFEST_DIR"));
+    testkit.parent().unwrap_or(testkit)
 }
 
 /// The Envoy binary: `$TOLLGATE_ENVOY_BIN`, else `.venv/tools/envoy` (installed when missing).

@@ -183,7 +183,8 @@ impl RedisServer {
     fn spawn(&mut self) -> bool {
         let port = self.port.to_string();
         let dir = self.dir.display().to_string();
-        let child = Command::new(redis_server_bin())
+        let mut command = Command::new(redis_server_bin());
+        command
             .args([
                 "--port",
                 &port,
@@ -197,8 +198,8 @@ impl RedisServer {
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+            .stderr(Stdio::null());
+        let child = crate::process::spawn(command)
             .unwrap_or_else(|err| panic!("cannot run {}: {err}", redis_server_bin().display()));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
