@@ -3,12 +3,12 @@
 //! server converts at the edge.
 //!
 //! [`Limiter::should_rate_limit`] reads top to bottom:
-//! 1. [`validate`]: the protocol's bounds, before anything is counted;
-//! 2. [`Limiter::resolve`]: each descriptor's limit ([`Domain::resolve`], or the descriptor's own
+//! 1. `validate`: the protocol's bounds, before anything is counted;
+//! 2. `Limiter::resolve`: each descriptor's limit ([`Domain::resolve`], or the descriptor's own
 //!    `limit` override) and the counter it charges ([`limiter_key`]);
-//! 3. [`Limiter::plan`]: `replaces` and `unlimited` applied, one backend [`Hit`] per limit left;
+//! 3. `Limiter::plan`: `replaces` and `unlimited` applied, one backend [`Hit`] per limit left;
 //! 4. one [`Backend::acquire`] call for all hits;
-//! 5. [`Limiter::finish`]: statuses, the overall code, `retry-after`, metadata, and a
+//! 5. `Limiter::finish`: statuses, the overall code, `retry-after`, metadata, and a
 //!    [`Backend::release`] of what a rejected request took.
 //!
 //! Rejected requests consume nothing: a descriptor that is over does not count its hit (the

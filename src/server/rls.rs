@@ -1,6 +1,6 @@
 //! The Envoy RLS v3 gRPC service: protobuf in, [`Limiter`] decision, protobuf out.
 //!
-//! A call goes [`RlsService::should_rate_limit`] → [`App::decide`] (timing and metrics) →
+//! A call goes `RlsService::should_rate_limit` → [`App::decide`] (timing and metrics) →
 //! [`decide`] ([`request_from_proto`], [`Limiter::should_rate_limit`], [`response_to_proto`]).
 //! The admin `POST /json` endpoint calls [`App::decide`] too, so both answer alike.
 

@@ -1,7 +1,7 @@
 //! The Redis backends: each hit is one Lua script call (see `lua/`) that reads the server's clock,
 //! decides and records atomically. [`RedisBackend`] talks to one server through a deadpool-redis
 //! pool; [`ClusterBackend`] talks to a Redis Cluster through the `redis` crate's cluster client.
-//! Both share the key layout ([`keys`]), the script calls ([`scripts`]) and, here, the plumbing
+//! Both share the key layout ([`keys`]), the script calls (`scripts`) and, here, the plumbing
 //! around them: how `redis` errors map to [`BackendError`], failure logging once per burst, and
 //! the shared connection that is reopened on demand (`Reconnecting`).
 
