@@ -106,10 +106,10 @@ fn read_policy_file(path: &Path) -> Result<Option<String>, ConfigError> {
 /// What reading a file into the schema answers: the value, or the first node that does not fit.
 type Read<T> = Result<T, Finding<Pos>>;
 
-/// Reads one file's text into a policy, holding every mapping to the keys the schema allows at
+/// Reads one file's text, `source`, into a policy, holding every mapping to the keys the schema allows at
 /// its place and every value to its key's type.
-fn read(text: &str) -> Read<Policy<Pos>> {
-    let root = yaml::parse(text).map_err(|e| Finding::new(e.pos, e.message))?;
+fn read(source: &str) -> Read<Policy<Pos>> {
+    let root = yaml::parse(source).map_err(|e| Finding::new(e.pos, e.message))?;
     let Some(root) = root else {
         return Err(Finding::new(
             Pos { line: 1, column: 1 },
@@ -128,13 +128,10 @@ fn read(text: &str) -> Read<Policy<Pos>> {
     let fields = fields(&root, Place::Top)?;
     Ok(Policy {
         at: root.pos,
-        domain: fields
-            .get("domain")
-            .map(|f| given(f, string(f)?.unwrap_or("").to_string()))
-            .transpose()?,
+        domain: fields.get("domain").map(|f| given(f, text)).transpose()?,
         descriptors: fields
             .get("descriptors")
-            .map(|f| given(f, descriptors(f)?))
+            .map(|f| given(f, descriptors))
             .transpose()?,
     })
 }
@@ -165,10 +162,10 @@ impl<'n> Fields<'n> {
     }
 }
 
-/// `value`, read from `field`, with where the field's key and value are.
-fn given<T>(field: Field<'_>, value: T) -> Read<Given<T, Pos>> {
+/// `field` read with `read`, keeping where its key and value are.
+fn given<'n, T>(field: Field<'n>, read: impl FnOnce(Field<'n>) -> Read<T>) -> Read<Given<T, Pos>> {
     Ok(Given {
-        value,
+        value: read(field)?,
         key_at: field.key.pos,
         at: field.value.pos,
     })
@@ -234,6 +231,11 @@ fn string<'n>(field: Field<'n>) -> Read<Option<&'n str>> {
     }
 }
 
+/// A string field's text; empty when null.
+fn text(field: Field<'_>) -> Read<String> {
+    Ok(string(field)?.unwrap_or("").to_string())
+}
+
 /// A boolean field; false when absent or null.
 fn boolean(field: Option<Field<'_>>) -> Read<bool> {
     let Some(field) = field else { return Ok(false) };
@@ -295,17 +297,14 @@ fn descriptor(item: &Node) -> Read<DescriptorNode<Pos>> {
     Ok(DescriptorNode {
         at: item.pos,
         // A null `key` is an empty one, which the rules refuse with a hint.
-        key: fields
-            .raw("key")
-            .map(|f| given(f, string(f)?.unwrap_or("").to_string()))
-            .transpose()?,
+        key: fields.raw("key").map(|f| given(f, text)).transpose()?,
         value: match fields.get("value") {
             Some(f) => string(f)?.unwrap_or("").to_string(),
             None => String::new(),
         },
         share_threshold: fields
             .get("share_threshold")
-            .map(|f| given(f, boolean(Some(f))?))
+            .map(|f| given(f, |f| boolean(Some(f))))
             .transpose()?,
         shadow_mode: boolean(fields.get("shadow_mode"))?,
         quota_mode: boolean(fields.get("quota_mode"))?,
@@ -313,12 +312,12 @@ fn descriptor(item: &Node) -> Read<DescriptorNode<Pos>> {
         value_to_metric: boolean(fields.get("value_to_metric"))?,
         rate_limit: fields
             .get("rate_limit")
-            .map(|f| given(f, rate_limit(f)?))
+            .map(|f| given(f, rate_limit))
             .transpose()?,
         metadata: fields.get("metadata").map(metadata).transpose()?,
         descriptors: fields
             .get("descriptors")
-            .map(|f| given(f, descriptors(f)?))
+            .map(|f| given(f, descriptors))
             .transpose()?,
     })
 }
@@ -336,21 +335,20 @@ fn rate_limit(field: Field<'_>) -> Read<RateLimitNode<Pos>> {
         ));
     }
     let fields = fields(field.value, Place::RateLimit)?;
-    let text = |name: &str| -> Read<Option<Given<String, Pos>>> {
-        fields
-            .get(name)
-            .map(|f| given(f, string(f)?.unwrap_or("").to_string()))
-            .transpose()
+    let optional_text = |name: &str| -> Read<Option<Given<String, Pos>>> {
+        fields.get(name).map(|f| given(f, text)).transpose()
     };
     Ok(RateLimitNode {
         unlimited: boolean(fields.get("unlimited"))?,
-        unit: text("unit")?,
-        window: text("window")?,
+        unit: optional_text("unit")?,
+        window: optional_text("window")?,
         requests_per_unit: fields
             .get("requests_per_unit")
             .map(|f| {
-                let n = integer(f, 0, i128::from(u32::MAX))?;
-                given(f, u32::try_from(n).unwrap_or(u32::MAX))
+                given(f, |f| {
+                    let n = integer(f, 0, i128::from(u32::MAX))?;
+                    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+                })
             })
             .transpose()?,
         name: match fields.get("name") {
@@ -361,15 +359,17 @@ fn rate_limit(field: Field<'_>) -> Read<RateLimitNode<Pos>> {
             Some(f) => replaces(f)?,
             None => Vec::new(),
         },
-        algorithm: text("algorithm")?,
+        algorithm: optional_text("algorithm")?,
         shards: fields
             .get("shards")
             .map(|f| {
-                let n = integer(f, 1, i128::from(MAX_SHARDS))?;
-                given(f, u16::try_from(n).unwrap_or(1))
+                given(f, |f| {
+                    let n = integer(f, 1, i128::from(MAX_SHARDS))?;
+                    Ok(u16::try_from(n).unwrap_or(1))
+                })
             })
             .transpose()?,
-        failure_mode: text("failure_mode")?,
+        failure_mode: optional_text("failure_mode")?,
     })
 }
 

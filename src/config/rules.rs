@@ -465,3 +465,106 @@ fn parse_window<L: Location>(window: &Given<String, L>) -> Result<u64, Finding<L
     }
     Ok(duration.as_secs() * 1000)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fmt;
+
+    use super::*;
+    use crate::descriptor::Entry;
+
+    /// A location as a source without text would give it: the path of a field in a message.
+    #[derive(Debug, Clone, PartialEq)]
+    struct FieldPath(&'static str);
+
+    impl fmt::Display for FieldPath {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl Location for FieldPath {
+        fn describe(&self) -> String {
+            format!("`{}`", self.0)
+        }
+    }
+
+    fn given<T>(value: T, path: &'static str) -> Given<T, FieldPath> {
+        Given {
+            value,
+            key_at: FieldPath(path),
+            at: FieldPath(path),
+        }
+    }
+
+    /// `key: value` at `path` with `requests` per minute.
+    fn node(
+        path: &'static str,
+        key: &str,
+        value: &str,
+        requests: u32,
+    ) -> DescriptorNode<FieldPath> {
+        let rate_limit = RateLimitNode {
+            unit: Some(given("minute".to_string(), path)),
+            requests_per_unit: Some(given(requests, path)),
+            unlimited: false,
+            name: None,
+            replaces: Vec::new(),
+            algorithm: None,
+            window: None,
+            shards: None,
+            failure_mode: None,
+        };
+        DescriptorNode {
+            at: FieldPath(path),
+            key: Some(given(key.to_string(), path)),
+            value: value.to_string(),
+            rate_limit: Some(given(rate_limit, path)),
+            descriptors: None,
+            shadow_mode: false,
+            quota_mode: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            share_threshold: None,
+            metadata: None,
+        }
+    }
+
+    fn policy(nodes: Vec<DescriptorNode<FieldPath>>) -> Policy<FieldPath> {
+        Policy {
+            at: FieldPath("config"),
+            domain: Some(given("edge".to_string(), "config.domain")),
+            descriptors: Some(given(nodes, "config.descriptors")),
+        }
+    }
+
+    #[test]
+    fn a_tree_built_from_a_message_gets_the_same_rules_and_snapshot() {
+        let mut snapshot = Snapshot::default();
+        let tree = policy(vec![node("config.descriptors[0]", "user", "alice", 5)]);
+        snapshot.add(Path::new("edge-resource"), &tree).unwrap();
+        let config = snapshot.finish();
+        let domain = config.domain("edge").unwrap();
+        assert_eq!(domain.file(), Path::new("edge-resource"));
+        let matched = domain.resolve(&[Entry::new("user", "alice")]).unwrap();
+        assert_eq!(matched.limit.full_key, "edge.user_alice");
+        assert_eq!(
+            (matched.limit.requests_per_unit, matched.limit.window_ms),
+            (5, 60_000)
+        );
+
+        let duplicated = policy(vec![
+            node("config.descriptors[0]", "user", "alice", 5),
+            node("config.descriptors[1]", "user", "alice", 7),
+        ]);
+        let error = Snapshot::default()
+            .add(Path::new("edge-resource"), &duplicated)
+            .unwrap_err();
+        assert_eq!(error.at, FieldPath("config.descriptors[1]"));
+        assert_eq!(
+            error.message,
+            "duplicate descriptor `edge.user_alice` (first at `config.descriptors[0]`); merge \
+             the two"
+        );
+    }
+}
