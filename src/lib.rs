@@ -2,7 +2,77 @@
 //!
 //! Data flows one way: [`server`] turns protobuf requests into [`descriptor::Request`]s, the
 //! [`limiter`] resolves them against a [`config::Config`] snapshot and asks a [`backend`] to
-//! decide each limit with the math of [`window`].
+//! decide each limit with the math of [`window`]. The limiter knows nothing of gRPC; the backends
+//! know nothing of descriptors or YAML.
+//!
+//! # The request path
+//!
+//! One `ShouldRateLimit` call, from proto in to proto out, is handed down through five files,
+//! one step each; the helpers a step calls out to are named where it uses them. The binary runs
+//! `Limiter<Sharded<AnyBackend>>`; the Redis backend is shown, the others branch off at step 4.
+//!
+//! 1. **Handler**, `src/server/rls.rs`. [`RlsService::should_rate_limit`] (the tonic handler)
+//!    calls [`App::decide`], which starts the clock and calls [`rls::decide`]: the request is
+//!    converted by `request_from_proto` (strings moved, not copied), decided by
+//!    [`Limiter::should_rate_limit`], and the [`Decision`] converted back by `response_to_proto`
+//!    (a [`LimiterError`] becomes `INVALID_ARGUMENT`). Back in [`App::decide`], **metrics are
+//!    recorded**: [`Metrics::observe`] (`src/server/metrics.rs`) counts the overall and
+//!    per-descriptor codes and the latency. `POST /json` (`src/server/admin.rs`) takes the same
+//!    [`App::decide`].
+//! 2. **Limiter**, `src/limiter/mod.rs`. [`Limiter::should_rate_limit`] checks the protocol's
+//!    bounds (`validate`), loads **one config snapshot** for the whole request, resolves each
+//!    descriptor to its limit (`Limiter::resolve`: the descriptor's own `limit` override, else
+//!    [`Domain::resolve`] in `src/config/domain.rs`) and the counter it charges
+//!    ([`limiter_key`]), applies `replaces` and `unlimited` and makes one [`Hit`] per limit left
+//!    (`Limiter::plan`), asks the backend once ([`Backend::acquire`]), and turns the verdicts
+//!    into statuses, the overall code, `retry-after` and metadata (`Limiter::finish`), giving back
+//!    what a rejected request took ([`Backend::release`]).
+//! 3. **Hot-key sharding**, `src/backend/shard.rs`. [`Sharded::acquire`] passes a batch without
+//!    sharded hits straight through; a hit of a limit with `shards: N` goes to one random shard
+//!    window (and, if that one is full, to one other).
+//! 4. **Backend dispatch**, `src/backend/mod.rs`. [`AnyBackend::acquire`] matches on the store
+//!    chosen at startup: [`MemoryBackend`] (`src/backend/memory.rs`), [`ClusterBackend`]
+//!    (`src/backend/redis/cluster.rs`, one script call per hit, concurrently), or:
+//! 5. **Store**, `src/backend/redis/single.rs`. [`RedisBackend::acquire`] turns each hit into a
+//!    Lua script call (`Scripts::acquire` in `src/backend/redis/scripts.rs`, its keys from
+//!    [`KeySpace::base`] in `keys.rs`), sends them all in one pipeline within the deadline
+//!    (`run`, `pipeline`; NOSCRIPT answered by sending the script along), and reads each reply
+//!    into an [`Outcome`] (`Call::outcome`). The shared connection, error mapping and failure
+//!    log are in `src/backend/redis/mod.rs`; the scripts themselves are in `lua/`.
+//!
+//! # Where config snapshots come from
+//!
+//! At startup `main` loads the config path with [`Config::load`] (an invalid config stops it
+//! with the message `tollgate check` prints) and hands it to [`Limiter::new`]. While serving,
+//! [`server::reload::watch`] polls the path (and reloads on SIGHUP), loads it again and installs
+//! it with [`Limiter::set_config`]; a config that fails to load is logged and the last good one
+//! stays. Loading goes source → schema tree → rules → snapshot (`src/config/file.rs`,
+//! `schema.rs`, `rules.rs`); requests in flight keep the snapshot they started with.
+//!
+//! [`RlsService::should_rate_limit`]: server::rls::RlsService
+//! [`App::decide`]: server::App::decide
+//! [`rls::decide`]: server::rls::decide
+//! [`Limiter::should_rate_limit`]: limiter::Limiter::should_rate_limit
+//! [`Limiter::new`]: limiter::Limiter::new
+//! [`Limiter::set_config`]: limiter::Limiter::set_config
+//! [`Decision`]: limiter::Decision
+//! [`LimiterError`]: limiter::LimiterError
+//! [`limiter_key`]: limiter::limiter_key
+//! [`Metrics::observe`]: server::Metrics::observe
+//! [`Domain::resolve`]: config::Domain::resolve
+//! [`Config::load`]: config::Config::load
+//! [`Hit`]: backend::Hit
+//! [`Outcome`]: backend::Outcome
+//! [`Backend::acquire`]: backend::Backend::acquire
+//! [`Backend::release`]: backend::Backend::release
+//! [`Sharded::acquire`]: backend::Sharded
+//! [`AnyBackend::acquire`]: backend::AnyBackend
+//! [`MemoryBackend`]: backend::MemoryBackend
+//! [`ClusterBackend`]: backend::ClusterBackend
+//! [`RedisBackend::acquire`]: backend::RedisBackend
+//! [`KeySpace::base`]: backend::redis::KeySpace::base
+
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod clock;

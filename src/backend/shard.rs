@@ -7,7 +7,7 @@
 //! the shards together can never admit more than the limit. A hit goes to a random shard; when
 //! that shard is full one other random shard is tried before the hit is refused.
 //!
-//! Consequences of splitting, by design:
+//! Consequences of splitting, accepted on purpose:
 //! - A single cost larger than every shard's budget (`ceil(L/N)`) can never be admitted, even on
 //!   an idle limit: it is refused with the full window as its retry time.
 //! - Under skewed luck a hit can be refused while another shard still has room (two random tries
@@ -33,9 +33,9 @@ pub trait ShardKeys {
 
 /// The plain shard identity `<key>{<shard>}`, for backends where placement does not matter.
 ///
-/// Limiter identities never contain a raw `{` or `}` (see `crate::limiter::key`), so the braces
-/// mark where the identity ends: a shard key never equals an unsharded identity, and two shard
-/// keys are equal only for the same identity and shard. The shard count is left out on purpose:
+/// Limiter identities never contain a raw `{` or `}` ([`crate::limiter::limiter_key`] escapes
+/// them), so the braces mark where the identity ends: a shard key never equals an unsharded
+/// identity, and two shard keys are equal only for the same identity and shard. The shard count is left out on purpose:
 /// changing `shards` keeps the counts of the shards that remain.
 pub fn plain_shard_key(key: &str, shard: u16) -> String {
     let mut out = String::with_capacity(key.len() + 7);

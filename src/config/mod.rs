@@ -1,24 +1,45 @@
-//! Policy files: the envoyproxy/ratelimit YAML format (plus tollgate's `rate_limit` extensions),
-//! loaded into an immutable snapshot that answers "which limit applies to this descriptor?".
+//! Policies: the envoyproxy/ratelimit YAML format (plus tollgate's `rate_limit` extensions),
+//! loaded into an immutable [`Config`] snapshot that answers "which limit applies to this
+//! descriptor?" ([`Domain::resolve`]).
 //!
-//! CONTRACT (used by the limiter, the server and `tollgate check`; keep these public items and
-//! signatures): `Config::load`, `Config::from_yaml`, `Config::domain`, `Config::limits`,
-//! `Config::table`, `Config::warnings`, `Domain::resolve`, `Limit`, `Matched`, `MetaValue`,
-//! `FailureMode`, `ConfigError`.
+//! Every source yields the same snapshot through one set of rules:
+//!
+//! ```text
+//! source              schema tree          rules               snapshot
+//! file.rs: YAML  ──►  schema::Policy  ──►  rules::Snapshot ──► Config { Domain, Limit }
+//! (an xDS source would build the same schema::Policy from a RateLimitConfig message)
+//! ```
+//!
+//! - `schema`: what a policy can say, as a source-neutral tree of descriptor
+//!   nodes, and which keys a file allows where;
+//! - `file`: the file source (listing, reading, YAML into the schema tree); `yaml`: the
+//!   positioned YAML parser it uses;
+//! - `rules`: the validation that turns a schema tree into a [`Domain`] and [`Limit`]s, and
+//!   domains into a snapshot;
+//! - `diagnostics`: locations, [`ConfigError`], warnings and `did you mean` hints;
+//! - `domain`: the descriptor tree of one domain and the lookup the limiter runs on it.
+//!
+//! Public items the limiter, the server and `tollgate check` rely on: `Config::load`,
+//! `Config::from_yaml`, `Config::domain`, `Config::limits`, `Config::table`, `Config::warnings`,
+//! `Domain::resolve`, `Limit`, `Matched`, `MetaValue`, `FailureMode`, `ConfigError`.
 
-mod matcher;
-mod parse;
+mod diagnostics;
+mod domain;
+mod file;
+mod rules;
+mod schema;
 mod yaml;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use crate::descriptor::{Entry, Unit};
+use crate::descriptor::Unit;
 use crate::window::Algorithm;
+
+pub use diagnostics::ConfigError;
+pub use domain::Domain;
 
 /// What a limit answers when the backend cannot decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -113,32 +134,6 @@ pub struct Matched<'a> {
     pub metadata: Option<&'a MetaValue>,
 }
 
-/// A config that failed to load, pointing at the offending spot.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}:{line}:{column}: {message}", file.display())]
-pub struct ConfigError {
-    /// The file (as given or found in the directory).
-    pub file: PathBuf,
-    /// 1-based line.
-    pub line: usize,
-    /// 1-based column.
-    pub column: usize,
-    /// What is wrong and, where it helps, what to write instead.
-    pub message: String,
-}
-
-impl ConfigError {
-    /// An error about a whole file (it cannot be read, ...), reported at its first line.
-    fn file(file: &Path, message: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: file.to_path_buf(),
-            line: 1,
-            column: 1,
-            message: message.into(),
-        }
-    }
-}
-
 /// An immutable snapshot of every loaded policy file: the domains and their limits.
 ///
 /// Built once per (re)load and shared behind an `Arc`; matching never locks or allocates for
@@ -149,16 +144,6 @@ pub struct Config {
     /// Every limit of every domain, sorted by `full_key`.
     limits: Vec<Arc<Limit>>,
     warnings: Vec<String>,
-}
-
-/// One domain's descriptor tree.
-#[derive(Debug)]
-pub struct Domain {
-    name: String,
-    file: PathBuf,
-    tree: matcher::Level,
-    /// This domain's limits, sorted by `full_key`.
-    limits: Vec<Arc<Limit>>,
 }
 
 impl Config {
@@ -172,37 +157,12 @@ impl Config {
     /// In a directory, names starting with `.` are skipped and symlinks are followed, which is
     /// what a Kubernetes ConfigMap mount needs (its files are symlinks into a `..data` dir).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let metadata = fs::metadata(path)
-            .map_err(|e| ConfigError::file(path, format!("cannot read the config: {e}")))?;
-        let mut builder = Builder::default();
-        if metadata.is_dir() {
-            let files = policy_files(path)?;
-            if files.is_empty() {
-                builder.warnings.push(format!(
-                    "{}:1:1: warning: no policy files (*.yaml, *.yml) here; every request will \
-                     be allowed",
-                    path.display()
-                ));
-            }
-            for file in files {
-                let Some(text) = read_policy_file(&file)? else {
-                    continue;
-                };
-                builder.add(&file, &text)?;
-            }
-        } else {
-            let text = read_policy_file(path)?
-                .ok_or_else(|| ConfigError::file(path, "cannot read the config: not found"))?;
-            builder.add(path, &text)?;
-        }
-        Ok(builder.finish())
+        file::load(path)
     }
 
     /// Loads one file's text; `file` names it in errors.
     pub fn from_yaml(file: &str, text: &str) -> Result<Config, ConfigError> {
-        let mut builder = Builder::default();
-        builder.add(Path::new(file), text)?;
-        Ok(builder.finish())
+        file::from_text(Path::new(file), text)
     }
 
     /// The domain called `name`, if any file declares it.
@@ -213,7 +173,7 @@ impl Config {
     /// Every domain, sorted by name.
     pub fn domains(&self) -> Vec<&Domain> {
         let mut domains: Vec<&Domain> = self.domains.values().collect();
-        domains.sort_by(|a, b| a.name.cmp(&b.name));
+        domains.sort_by(|a, b| a.name().cmp(b.name()));
         domains
     }
 
@@ -260,137 +220,6 @@ impl Config {
             );
         }
         out
-    }
-}
-
-impl Domain {
-    /// The domain's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The file that declares the domain.
-    pub fn file(&self) -> &Path {
-        &self.file
-    }
-
-    /// This domain's limits, sorted by `full_key`.
-    pub fn limits(&self) -> &[Arc<Limit>] {
-        &self.limits
-    }
-
-    /// The limit that applies to a request descriptor, as envoyproxy/ratelimit decides it: per
-    /// level an exact `key`/`value` node wins over a wildcard value (first in config order),
-    /// which wins over a key-only node; the descriptor must end exactly at a node that has a
-    /// limit; there is no backtracking. `None` when nothing matches or the node is an allow-list
-    /// entry (no `rate_limit`).
-    pub fn resolve<'a>(&'a self, entries: &[Entry]) -> Option<Matched<'a>> {
-        matcher::resolve(&self.tree, entries)
-    }
-}
-
-/// Accumulates files into a config, refusing a domain declared twice.
-#[derive(Default)]
-struct Builder {
-    domains: HashMap<String, (Domain, usize, usize)>,
-    warnings: Vec<String>,
-}
-
-impl Builder {
-    fn add(&mut self, file: &Path, text: &str) -> Result<(), ConfigError> {
-        let loaded = parse::parse_file(file, text)?;
-        if let Some((first, line, column)) = self.domains.get(&loaded.domain) {
-            return Err(ConfigError {
-                file: file.to_path_buf(),
-                line: loaded.domain_pos.line,
-                column: loaded.domain_pos.column,
-                message: format!(
-                    "domain `{}` is already declared in {}:{line}:{column}; keep each domain in \
-                     one file",
-                    loaded.domain,
-                    first.file.display(),
-                ),
-            });
-        }
-        self.warnings.extend(loaded.warnings);
-        let mut limits = loaded.limits;
-        limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
-        let domain = Domain {
-            name: loaded.domain.clone(),
-            file: file.to_path_buf(),
-            tree: loaded.tree,
-            limits,
-        };
-        self.domains.insert(
-            loaded.domain,
-            (domain, loaded.domain_pos.line, loaded.domain_pos.column),
-        );
-        Ok(())
-    }
-
-    fn finish(self) -> Config {
-        let domains: HashMap<String, Domain> = self
-            .domains
-            .into_iter()
-            .map(|(name, (domain, _, _))| (name, domain))
-            .collect();
-        let mut limits: Vec<Arc<Limit>> = domains
-            .values()
-            .flat_map(|d| d.limits.iter().cloned())
-            .collect();
-        limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
-        Config {
-            domains,
-            limits,
-            warnings: self.warnings,
-        }
-    }
-}
-
-/// The `*.yaml` / `*.yml` files of a directory (not its subdirectories), sorted by name.
-fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let entries = fs::read_dir(dir)
-        .map_err(|e| ConfigError::file(dir, format!("cannot list the directory: {e}")))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry =
-            entry.map_err(|e| ConfigError::file(dir, format!("cannot list the directory: {e}")))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-            continue;
-        }
-        let path = entry.path();
-        // `fs::metadata` follows symlinks; a directory named `x.yaml` is not a policy file.
-        match fs::metadata(&path) {
-            Ok(metadata) if metadata.is_file() => files.push(path),
-            Ok(_) => {}
-            // A ConfigMap update can leave a dangling link for a moment; it is no file of ours.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(ConfigError::file(&path, format!("cannot read: {e}"))),
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// A file's text; `None` if it vanished since it was listed.
-fn read_policy_file(path: &Path) -> Result<Option<String>, ConfigError> {
-    match fs::read(path) {
-        Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|e| {
-            let prefix = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-            let text = String::from_utf8_lossy(prefix);
-            let line = text.matches('\n').count() + 1;
-            let column = text.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-            ConfigError {
-                file: path.to_path_buf(),
-                line,
-                column,
-                message: "the file is not UTF-8 text".to_string(),
-            }
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ConfigError::file(path, format!("cannot read: {e}"))),
     }
 }
 

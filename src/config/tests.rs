@@ -1,6 +1,7 @@
 //! Matching and loading rules, checked on in-memory configs.
 
 use super::*;
+use crate::descriptor::Entry;
 
 const MATCHING: &str = r#"
 domain: test

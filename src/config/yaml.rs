@@ -10,6 +10,8 @@ use std::collections::{HashMap, HashSet};
 
 use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, Tag};
 
+use super::diagnostics::Pos;
+
 /// Nesting deeper than this is refused: the tree is dropped and walked recursively, and no
 /// sensible policy file comes anywhere near it.
 const MAX_NESTING: usize = 128;
@@ -17,19 +19,11 @@ const MAX_NESTING: usize = 128;
 /// How many nodes alias expansion may produce in one file.
 const MAX_NODES: usize = 1 << 20;
 
-/// A 1-based position in the source text (the column counts characters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Pos {
-    pub line: usize,
-    pub column: usize,
-}
-
-impl Pos {
-    fn from_marker(marker: &Marker) -> Pos {
-        Pos {
-            line: marker.line().max(1),
-            column: marker.col() + 1,
-        }
+/// The 1-based position of a parser marker.
+fn position_of(marker: &Marker) -> Pos {
+    Pos {
+        line: marker.line().max(1),
+        column: marker.col() + 1,
     }
 }
 
@@ -291,7 +285,7 @@ pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
     };
     for event in Parser::new_from_str(text) {
         let (event, span) = event.map_err(|e| YamlError {
-            pos: Pos::from_marker(e.marker()),
+            pos: position_of(e.marker()),
             message: format!("invalid YAML: {}", e.info()),
         })?;
         builder.on_event(event, span)?;
@@ -301,7 +295,7 @@ pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
 
 impl Builder {
     fn on_event(&mut self, event: Event<'_>, span: Span) -> Result<(), YamlError> {
-        let pos = Pos::from_marker(&span.start);
+        let pos = position_of(&span.start);
         match event {
             Event::DocumentStart(_) => {
                 self.documents += 1;

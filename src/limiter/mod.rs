@@ -1,13 +1,23 @@
-//! The decision: resolve a request's descriptors to limits, let the backend charge them, and turn
-//! the verdicts into one answer. Knows nothing of gRPC; the server converts at the edge.
+//! The decision: check a request, resolve its descriptors to limits in the config snapshot, let
+//! the backend charge them, and turn the verdicts into one answer. Knows nothing of gRPC; the
+//! server converts at the edge.
+//!
+//! [`Limiter::should_rate_limit`] reads top to bottom:
+//! 1. `validate`: the protocol's bounds, before anything is counted;
+//! 2. `Limiter::resolve`: each descriptor's limit ([`Domain::resolve`], or the descriptor's own
+//!    `limit` override) and the counter it charges ([`limiter_key`]);
+//! 3. `Limiter::plan`: `replaces` and `unlimited` applied, one backend [`Hit`] per limit left;
+//! 4. one [`Backend::acquire`] call for all hits;
+//! 5. `Limiter::finish`: statuses, the overall code, `retry-after`, metadata, and a
+//!    [`Backend::release`] of what a rejected request took.
 //!
 //! Rejected requests consume nothing: a descriptor that is over does not count its hit (the
 //! backend only records admitted hits), and when the request as a whole is over, the hits the
 //! other descriptors took are released again.
+//!
+//! [`Domain::resolve`]: crate::config::Domain::resolve
 
-mod key;
-mod validate;
-
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,11 +25,15 @@ use arc_swap::ArcSwap;
 
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
-use crate::descriptor::{Descriptor, Request};
+use crate::descriptor::{Descriptor, Entry, Request};
 use crate::window::{self, Algorithm, Cost};
 
-pub use key::limiter_key;
-pub use validate::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT_BYTES};
+/// The most descriptors one request may carry.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// The most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 32;
+/// The longest key or value, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
 
 /// The answer for one descriptor, or for the request as a whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +51,9 @@ pub struct Status {
     pub code: Code,
     /// The limit that applied; `None` when none did (no match, allow-list, replaced, unlimited).
     pub limit: Option<Arc<Limit>>,
-    /// What is left of the limit (see design §3); `u32::MAX` for unlimited.
+    /// What is left of the limit: `floor(limit - used)` after this hit when it was admitted; when
+    /// it was refused, what a smaller hit could still use (the refused hit is not counted), 0 when
+    /// the limit is full. `u32::MAX` for unlimited, 0 when no limit applied.
     pub remaining: u32,
     /// Whole seconds until the quota is whole again (OK) or until the hit would fit (over).
     pub reset: Option<Duration>,
@@ -93,6 +109,10 @@ pub struct Limiter<B> {
     settings: Settings,
 }
 
+/// What one descriptor resolved to: the limit that applies, if any, and the identity of the
+/// counter it charges (empty when nothing will be charged).
+type Resolved = (Option<Arc<Limit>>, String);
+
 /// What one descriptor resolved to before the backend is asked.
 enum Plan {
     /// No limit applies.
@@ -136,54 +156,13 @@ impl<B: Backend> Limiter<B> {
     /// Decides one request: charges every applicable limit, answers per descriptor in request
     /// order, and gives back what was taken when the request is rejected.
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, LimiterError> {
-        validate::request(request)?;
+        validate(request)?;
+        // One snapshot for the whole request, even if a reload swaps the config meanwhile.
         let config = self.config.load_full();
         let mut metadata_sources: Vec<(usize, &MetaValue)> = Vec::new();
-        let mut plans = Vec::with_capacity(request.descriptors.len());
+        let resolved = Self::resolve(&config, request, &mut metadata_sources);
         let mut hits = Vec::new();
-
-        if let Some(domain) = config.domain(&request.domain) {
-            for (index, descriptor) in request.descriptors.iter().enumerate() {
-                let plan = match override_limit(&request.domain, descriptor) {
-                    Some(limit) => {
-                        let key = limiter_key(
-                            &request.domain,
-                            &descriptor.entries,
-                            &[],
-                            limit.algorithm,
-                            limit.window_ms,
-                        );
-                        (Some(limit), key)
-                    }
-                    None => match domain.resolve(&descriptor.entries) {
-                        Some(matched) => {
-                            if let Some(meta) = matched.metadata {
-                                metadata_sources.push((index, meta));
-                            }
-                            let limit = matched.limit;
-                            let key = if limit.unlimited {
-                                String::new()
-                            } else {
-                                limiter_key(
-                                    &request.domain,
-                                    &descriptor.entries,
-                                    &matched.shared,
-                                    limit.algorithm,
-                                    limit.window_ms,
-                                )
-                            };
-                            (Some(Arc::clone(limit)), key)
-                        }
-                        None => (None, String::new()),
-                    },
-                };
-                plans.push(plan);
-            }
-        } else {
-            plans.resize_with(request.descriptors.len(), || (None, String::new()));
-        }
-
-        let plans = self.plan_hits(request, plans, &mut hits);
+        let plans = Self::plan(request, resolved, &mut hits);
         let results = if hits.is_empty() {
             Vec::new()
         } else {
@@ -192,13 +171,61 @@ impl<B: Backend> Limiter<B> {
         Ok(self.finish(request, plans, results, metadata_sources).await)
     }
 
-    /// Applies `replaces` and `unlimited`, and turns the remaining limits into backend hits.
-    fn plan_hits(
-        &self,
+    /// The limit of each descriptor and the counter it charges: the descriptor's own `limit`
+    /// override if it carries one, else what its domain's descriptor tree says. Collects the
+    /// matched nodes' `metadata` by descriptor index.
+    fn resolve<'c>(
+        config: &'c Config,
         request: &Request,
-        mut resolved: Vec<(Option<Arc<Limit>>, String)>,
-        hits: &mut Vec<Hit>,
-    ) -> Vec<Plan> {
+        metadata_sources: &mut Vec<(usize, &'c MetaValue)>,
+    ) -> Vec<Resolved> {
+        let Some(domain) = config.domain(&request.domain) else {
+            // An unknown domain limits nothing, overrides included.
+            return request
+                .descriptors
+                .iter()
+                .map(|_| (None, String::new()))
+                .collect();
+        };
+        let mut resolved = Vec::with_capacity(request.descriptors.len());
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let entry = if let Some(limit) = override_limit(&request.domain, descriptor) {
+                let key = limiter_key(
+                    &request.domain,
+                    &descriptor.entries,
+                    &[],
+                    limit.algorithm,
+                    limit.window_ms,
+                );
+                (Some(limit), key)
+            } else if let Some(matched) = domain.resolve(&descriptor.entries) {
+                if let Some(meta) = matched.metadata {
+                    metadata_sources.push((index, meta));
+                }
+                let limit = matched.limit;
+                // An unlimited limit is never charged, so it needs no counter.
+                let key = if limit.unlimited {
+                    String::new()
+                } else {
+                    limiter_key(
+                        &request.domain,
+                        &descriptor.entries,
+                        &matched.shared,
+                        limit.algorithm,
+                        limit.window_ms,
+                    )
+                };
+                (Some(Arc::clone(limit)), key)
+            } else {
+                (None, String::new())
+            };
+            resolved.push(entry);
+        }
+        resolved
+    }
+
+    /// Applies `replaces` and `unlimited`, and turns the remaining limits into backend hits.
+    fn plan(request: &Request, mut resolved: Vec<Resolved>, hits: &mut Vec<Hit>) -> Vec<Plan> {
         let mut plans = Vec::with_capacity(resolved.len());
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let Some((limit, _)) = resolved.get(index) else {
@@ -350,10 +377,56 @@ impl<B: Backend> Limiter<B> {
     }
 }
 
+/// Checks `request` against the protocol's bounds; the error says which rule and where. Bounded
+/// requests keep the work and the key length of one decision bounded whatever a client sends.
+fn validate(request: &Request) -> Result<(), LimiterError> {
+    let invalid = |message: String| Err(LimiterError::InvalidArgument(message));
+    if request.domain.is_empty() {
+        return invalid("rate limit domain must not be empty".into());
+    }
+    if request.domain.len() > MAX_TEXT_BYTES {
+        return invalid(format!(
+            "domain is {} bytes long; at most {MAX_TEXT_BYTES} are allowed",
+            request.domain.len()
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return invalid("rate limit descriptor list must not be empty".into());
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return invalid(format!(
+            "{} descriptors in one request; at most {MAX_DESCRIPTORS} are allowed",
+            request.descriptors.len()
+        ));
+    }
+    for (d, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.is_empty() {
+            return invalid(format!("descriptor {d} has no entries"));
+        }
+        if descriptor.entries.len() > MAX_ENTRIES {
+            return invalid(format!(
+                "descriptor {d} has {} entries; at most {MAX_ENTRIES} are allowed",
+                descriptor.entries.len()
+            ));
+        }
+        for (e, entry) in descriptor.entries.iter().enumerate() {
+            if entry.key.is_empty() {
+                return invalid(format!("descriptor {d} entry {e} has an empty key"));
+            }
+            if entry.key.len() > MAX_TEXT_BYTES || entry.value.len() > MAX_TEXT_BYTES {
+                return invalid(format!(
+                    "descriptor {d} entry {e} is longer than {MAX_TEXT_BYTES} bytes (key or value)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether another applicable limit names `limit` in its `replaces`. As in envoyproxy/ratelimit,
 /// unlimited limits may replace others but are never replaced (the caller checks `unlimited`
 /// first).
-fn is_replaced(limit: &Limit, resolved: &[(Option<Arc<Limit>>, String)]) -> bool {
+fn is_replaced(limit: &Limit, resolved: &[Resolved]) -> bool {
     limit.name.as_deref().is_some_and(|name| {
         resolved.iter().any(|(other, _)| {
             other
@@ -444,3 +517,106 @@ fn merge_into(dest: &mut MetaValue, src: &MetaValue) {
         }
     }
 }
+
+/// Builds the identity of the counter for `entries` of `domain` under one algorithm and window:
+/// which counter a descriptor's hits go to.
+///
+/// Two different descriptors must never share a counter by accident, so every component is
+/// escaped before it is joined: the separators (`|`, `=`, `~`, `@`), the escape character `%`,
+/// the hash-tag braces `{` `}` and control characters are percent-encoded. The encoding is
+/// injective, and the result contains no brace, so a backend may wrap it in a Redis hash tag.
+///
+/// `shared` lists the levels matched by a `share_threshold` wildcard: there the wildcard pattern
+/// (marked with `~` instead of `=`) stands for every value it matches, so they share one counter.
+pub fn limiter_key(
+    domain: &str,
+    entries: &[Entry],
+    shared: &[(usize, &str)],
+    algorithm: Algorithm,
+    window_ms: u64,
+) -> String {
+    let mut key = String::with_capacity(
+        domain.len()
+            + entries
+                .iter()
+                .map(|e| e.key.len() + e.value.len() + 2)
+                .sum::<usize>()
+            + 24,
+    );
+    escape_into(&mut key, domain);
+    for (level, entry) in entries.iter().enumerate() {
+        key.push('|');
+        escape_into(&mut key, &entry.key);
+        match shared.iter().find(|(l, _)| *l == level) {
+            Some((_, pattern)) => {
+                key.push('~');
+                escape_into(&mut key, pattern);
+            }
+            None => {
+                key.push('=');
+                escape_into(&mut key, &entry.value);
+            }
+        }
+    }
+    key.push('@');
+    key.push(match algorithm {
+        Algorithm::SlidingWindowCounter => 'c',
+        Algorithm::SlidingWindowLog => 'l',
+    });
+    push_decimal(&mut key, window_ms);
+    key
+}
+
+/// Appends `n` in decimal; the formatting machinery of `write!` costs more than the whole key.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[start..] {
+        out.push(char::from(digit));
+    }
+}
+
+/// Appends `text` with the separators, `%`, braces and control characters percent-encoded.
+fn escape_into(out: &mut String, text: &str) {
+    // Most text needs no escaping: copy the clean prefix at once, then go char by char.
+    let clean = text.bytes().position(may_need_escape).unwrap_or(text.len());
+    // `clean` is at a char boundary: every byte it can stop at is ASCII or a UTF-8 lead byte.
+    let (plain, rest) = text.split_at(clean);
+    out.push_str(plain);
+    for c in rest.chars() {
+        match c {
+            '%' | '|' | '=' | '~' | '@' | '{' | '}' => push_percent(out, c as u32),
+            c if c.is_control() => {
+                let mut buf = [0u8; 4];
+                for byte in c.encode_utf8(&mut buf).bytes() {
+                    push_percent(out, u32::from(byte));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// Whether `byte` may start a character that [`escape_into`] encodes: the separators, ASCII
+/// controls, or 0xC2, the lead byte of the C1 controls U+0080..U+009F.
+fn may_need_escape(byte: u8) -> bool {
+    matches!(
+        byte,
+        b'%' | b'|' | b'=' | b'~' | b'@' | b'{' | b'}' | 0x00..=0x1F | 0x7F | 0xC2
+    )
+}
+
+fn push_percent(out: &mut String, byte: u32) {
+    let _ = write!(out, "%{byte:02X}");
+}
+
+#[cfg(test)]
+mod tests;

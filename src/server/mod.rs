@@ -11,39 +11,17 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tonic::Status as GrpcStatus;
 use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
 use crate::limiter::Limiter;
-use crate::proto::{self, RateLimitRequest, RateLimitResponse};
+use crate::proto;
 pub use health::Health;
 pub use metrics::Metrics;
-
-/// Everything a request handler needs, shared by the gRPC and HTTP interfaces.
-#[derive(Debug)]
-pub struct App<B> {
-    /// Decides requests.
-    pub limiter: Arc<Limiter<B>>,
-    /// Serving state.
-    pub health: Arc<Health>,
-    /// Request metrics.
-    pub metrics: Metrics,
-}
-
-impl<B: Backend> App<B> {
-    /// Decides one protobuf request and records it in the metrics.
-    pub async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, GrpcStatus> {
-        let started = Instant::now();
-        let result = rls::decide(&self.limiter, request).await;
-        self.metrics
-            .observe(result.as_ref().map_err(|_| ()), started.elapsed());
-        result
-    }
-}
+pub use rls::App;
 
 /// The sockets tollgate serves on, bound before serving starts.
 ///

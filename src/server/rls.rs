@@ -1,14 +1,16 @@
 //! The Envoy RLS v3 gRPC service: protobuf in, [`Limiter`] decision, protobuf out.
 //!
-//! [`decide`] is the one path from a protobuf request to a protobuf response; the gRPC service and
-//! the admin `POST /json` endpoint both call it, so they always answer alike.
+//! A call goes `RlsService::should_rate_limit` → [`App::decide`] (timing and metrics) →
+//! [`decide`] ([`request_from_proto`], [`Limiter::should_rate_limit`], [`response_to_proto`]).
+//! The admin `POST /json` endpoint calls [`App::decide`] too, so both answer alike.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use prost_types::value::Kind;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
-use super::App;
+use super::{Health, Metrics};
 use crate::backend::Backend;
 use crate::config::MetaValue;
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
@@ -17,6 +19,17 @@ use crate::proto::{
     self, HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
     rate_limit_response::{self, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit},
 };
+
+/// Everything a request handler needs, shared by the gRPC and HTTP interfaces.
+#[derive(Debug)]
+pub struct App<B> {
+    /// Decides requests.
+    pub limiter: Arc<Limiter<B>>,
+    /// Serving state.
+    pub health: Arc<Health>,
+    /// Request metrics.
+    pub metrics: Metrics,
+}
 
 /// The tonic service answering `ShouldRateLimit`.
 #[derive(Debug)]
@@ -44,7 +57,20 @@ impl<B: Backend> proto::rate_limit_service_server::RateLimitService for RlsServi
     }
 }
 
+impl<B: Backend> App<B> {
+    /// Decides one protobuf request and records it in the metrics: the request path of both the
+    /// gRPC service and `POST /json`.
+    pub async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, GrpcStatus> {
+        let started = Instant::now();
+        let result = decide(&self.limiter, request).await;
+        self.metrics
+            .observe(result.as_ref().map_err(|_| ()), started.elapsed());
+        result
+    }
+}
+
 /// Decides one protobuf request; a bad request becomes `INVALID_ARGUMENT` with the reason.
+/// Records no metrics (that is [`App::decide`]'s part), so embedders and tests can call it alone.
 pub async fn decide<B: Backend>(
     limiter: &Limiter<B>,
     request: RateLimitRequest,

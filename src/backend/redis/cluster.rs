@@ -16,9 +16,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 
 use super::keys::KeySpace;
-use super::reconnect::Reconnecting;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, backend_error, is_noscript};
+use super::{FailureLog, Reconnecting, backend_error, is_noscript};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call

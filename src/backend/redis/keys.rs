@@ -6,9 +6,10 @@
 //! tag), or, for identities longer than [`MAX_PLAIN_IDENTITY`] bytes, `#` and the SHA-256 of the
 //! identity in hex (a `#` never starts an escaped tag, so the two forms cannot meet).
 //!
-//! A sharded limit (design §5) names each shard window with [`KeySpace::shard_identity`], an
-//! identity whose hash tag is steered towards its own part of the slot space, so the shards of
-//! one hot limit land on different slots and spread over the cluster's masters.
+//! A sharded limit (`shards: N`, one hot limit's budget split over N windows so that it is not one
+//! key on one node) names each shard window with [`KeySpace::shard_identity`], an identity whose
+//! hash tag is steered towards its own part of the slot space, so the shards of one hot limit land
+//! on different slots and spread over the cluster's masters.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;

@@ -16,9 +16,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, Value};
 
 use super::keys::KeySpace;
-use super::reconnect::Reconnecting;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, backend_error};
+use super::{FailureLog, Reconnecting, backend_error};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
 /// Shared connections kept checked out of the pool.

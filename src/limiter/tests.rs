@@ -1,110 +1,98 @@
-//! The identity of one limiter: which counter a descriptor's hits go to.
-//!
-//! Two different descriptors must never share a counter by accident, so every component is
-//! escaped before it is joined: the separators (`|`, `=`, `~`, `@`), the escape character `%`,
-//! the hash-tag braces `{` `}` and control characters are percent-encoded. The encoding is
-//! injective, and the result contains no brace, so a backend may wrap it in a Redis hash tag.
+//! The limiter's own rules, checked without a backend: request validation and counter identities.
 
-use std::fmt::Write;
+use super::*;
+use crate::descriptor::{Descriptor, Entry};
 
-use crate::descriptor::Entry;
-use crate::window::Algorithm;
+mod validation {
+    use super::*;
 
-/// Builds the identity of the counter for `entries` of `domain` under one algorithm and window.
-///
-/// `shared` lists the levels matched by a `share_threshold` wildcard: there the wildcard pattern
-/// (marked with `~` instead of `=`) stands for every value it matches, so they share one counter.
-pub fn limiter_key(
-    domain: &str,
-    entries: &[Entry],
-    shared: &[(usize, &str)],
-    algorithm: Algorithm,
-    window_ms: u64,
-) -> String {
-    let mut key = String::with_capacity(
-        domain.len()
-            + entries
-                .iter()
-                .map(|e| e.key.len() + e.value.len() + 2)
-                .sum::<usize>()
-            + 24,
-    );
-    escape_into(&mut key, domain);
-    for (level, entry) in entries.iter().enumerate() {
-        key.push('|');
-        escape_into(&mut key, &entry.key);
-        match shared.iter().find(|(l, _)| *l == level) {
-            Some((_, pattern)) => {
-                key.push('~');
-                escape_into(&mut key, pattern);
-            }
-            None => {
-                key.push('=');
-                escape_into(&mut key, &entry.value);
-            }
+    fn request_with(descriptors: Vec<Descriptor>) -> Request {
+        Request {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: 0,
         }
     }
-    key.push('@');
-    key.push(match algorithm {
-        Algorithm::SlidingWindowCounter => 'c',
-        Algorithm::SlidingWindowLog => 'l',
-    });
-    push_decimal(&mut key, window_ms);
-    key
-}
 
-/// Appends `n` in decimal; the formatting machinery of `write!` costs more than the whole key.
-fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+    fn descriptor(entries: Vec<Entry>) -> Descriptor {
+        Descriptor {
+            entries,
+            ..Descriptor::default()
         }
     }
-    for &digit in &digits[start..] {
-        out.push(char::from(digit));
-    }
-}
 
-fn escape_into(out: &mut String, text: &str) {
-    // Most text needs no escaping: copy the clean prefix at once, then go char by char.
-    let clean = text.bytes().position(may_need_escape).unwrap_or(text.len());
-    // `clean` is at a char boundary: every byte it can stop at is ASCII or a UTF-8 lead byte.
-    let (plain, rest) = text.split_at(clean);
-    out.push_str(plain);
-    for c in rest.chars() {
-        match c {
-            '%' | '|' | '=' | '~' | '@' | '{' | '}' => push_percent(out, c as u32),
-            c if c.is_control() => {
-                let mut buf = [0u8; 4];
-                for byte in c.encode_utf8(&mut buf).bytes() {
-                    push_percent(out, u32::from(byte));
+    #[test]
+    fn accepts_a_plain_request() {
+        let r = request_with(vec![descriptor(vec![Entry::new("user", "alice")])]);
+        assert_eq!(validate(&r), Ok(()));
+    }
+
+    #[test]
+    fn rejects_each_broken_rule_with_a_message() {
+        let long = "x".repeat(MAX_TEXT_BYTES + 1);
+        let one = || descriptor(vec![Entry::new("k", "v")]);
+        let cases = [
+            (
+                Request {
+                    domain: String::new(),
+                    ..request_with(vec![one()])
+                },
+                "domain must not be empty",
+            ),
+            (request_with(vec![]), "descriptor list must not be empty"),
+            (request_with(vec![descriptor(vec![])]), "has no entries"),
+            (
+                request_with(vec![descriptor(vec![Entry::new("", "v")])]),
+                "empty key",
+            ),
+            (
+                request_with((0..=MAX_DESCRIPTORS).map(|_| one()).collect()),
+                "65 descriptors",
+            ),
+            (
+                request_with(vec![descriptor(
+                    (0..=MAX_ENTRIES).map(|_| Entry::new("k", "v")).collect(),
+                )]),
+                "33 entries",
+            ),
+            (
+                request_with(vec![descriptor(vec![Entry::new("k", long.clone())])]),
+                "longer than 1024",
+            ),
+            (
+                request_with(vec![descriptor(vec![Entry::new(long, "v")])]),
+                "longer than 1024",
+            ),
+        ];
+        for (req, expected) in cases {
+            match validate(&req) {
+                Err(LimiterError::InvalidArgument(m)) => {
+                    assert!(m.contains(expected), "{m:?} should mention {expected:?}")
                 }
+                other => panic!("expected an error mentioning {expected:?}, got {other:?}"),
             }
-            c => out.push(c),
         }
+    }
+
+    #[test]
+    fn accepts_the_limits_themselves() {
+        let max = "x".repeat(MAX_TEXT_BYTES);
+        let r = request_with(
+            (0..MAX_DESCRIPTORS)
+                .map(|_| {
+                    descriptor(
+                        (0..MAX_ENTRIES)
+                            .map(|_| Entry::new(max.clone(), max.clone()))
+                            .collect(),
+                    )
+                })
+                .collect(),
+        );
+        assert_eq!(validate(&r), Ok(()));
     }
 }
 
-/// Whether `byte` may start a character that [`escape_into`] encodes: the separators, ASCII
-/// controls, or 0xC2, the lead byte of the C1 controls U+0080..U+009F.
-fn may_need_escape(byte: u8) -> bool {
-    matches!(
-        byte,
-        b'%' | b'|' | b'=' | b'~' | b'@' | b'{' | b'}' | 0x00..=0x1F | 0x7F | 0xC2
-    )
-}
-
-fn push_percent(out: &mut String, byte: u32) {
-    let _ = write!(out, "%{byte:02X}");
-}
-
-#[cfg(test)]
-mod tests {
+mod identity {
     use super::*;
 
     fn key(domain: &str, pairs: &[(&str, &str)]) -> String {

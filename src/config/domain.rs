@@ -1,14 +1,103 @@
-//! The descriptor tree of one domain and the per-request lookup.
+//! One domain's descriptor tree and the per-request lookup, [`Domain::resolve`].
 //!
 //! Each level maps a key to the nodes declared with that key, so a lookup never builds a
 //! `key_value` string: exact values are a hash lookup, wildcard values are tried in config order,
 //! and the key-only node is the fallback.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Limit, Matched, MetaValue};
 use crate::descriptor::Entry;
+
+/// One domain's descriptor tree and limits, as the rules built it.
+#[derive(Debug)]
+pub struct Domain {
+    name: String,
+    file: PathBuf,
+    tree: Level,
+    /// This domain's limits, sorted by `full_key`.
+    limits: Vec<Arc<Limit>>,
+}
+
+impl Domain {
+    /// A domain called `name`, declared in `file` (for sources without files, what names the
+    /// policy), with its tree and its limits in any order.
+    pub(super) fn new(
+        name: String,
+        file: PathBuf,
+        tree: Level,
+        mut limits: Vec<Arc<Limit>>,
+    ) -> Self {
+        limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
+        Domain {
+            name,
+            file,
+            tree,
+            limits,
+        }
+    }
+
+    /// The domain's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The file that declares the domain.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// This domain's limits, sorted by `full_key`.
+    pub fn limits(&self) -> &[Arc<Limit>] {
+        &self.limits
+    }
+
+    /// The limit that applies to a request descriptor, as envoyproxy/ratelimit decides it: per
+    /// level an exact `key`/`value` node wins over a wildcard value (first in config order),
+    /// which wins over a key-only node; the descriptor must end exactly at a node that has a
+    /// limit; there is no backtracking. `None` when nothing matches or the node is an allow-list
+    /// entry (no `rate_limit`).
+    pub fn resolve<'a>(&'a self, entries: &[Entry]) -> Option<Matched<'a>> {
+        let mut level = &self.tree;
+        let last = entries.len().checked_sub(1)?;
+        let mut shared = Vec::new();
+        for (index, entry) in entries.iter().enumerate() {
+            let candidates = level.get(entry.key.as_str())?;
+            let (node, wildcard) = if let Some(&node) = candidates.exact.get(entry.value.as_str()) {
+                (node, None)
+            } else if let Some((pattern, node)) = candidates
+                .wildcards
+                .iter()
+                .find(|(pattern, _)| pattern.matches(&entry.value))
+            {
+                (*node, Some(pattern))
+            } else {
+                (candidates.key_only?, None)
+            };
+            let node = candidates.nodes.get(node)?;
+            if let Some(pattern) = wildcard
+                && node.share_threshold
+            {
+                shared.push((index, pattern.as_str()));
+            }
+            if index == last {
+                return node.limit.as_ref().map(|limit| Matched {
+                    limit,
+                    shared,
+                    metadata: node.metadata.as_ref(),
+                });
+            }
+            if node.children.is_empty() {
+                // The request is deeper than the config.
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
 
 /// The children of a node (or the top of a domain), by descriptor key.
 pub(super) type Level = HashMap<String, KeyNodes>;
@@ -17,22 +106,44 @@ pub(super) type Level = HashMap<String, KeyNodes>;
 #[derive(Debug, Default)]
 pub(super) struct KeyNodes {
     /// The nodes, in config order; the fields below index into it.
-    pub nodes: Vec<TreeNode>,
+    nodes: Vec<TreeNode>,
     /// Nodes by their literal `value` (wildcard values included, as the reference also matches
     /// a request value equal to the pattern text exactly).
-    pub exact: HashMap<String, usize>,
+    exact: HashMap<String, usize>,
     /// Nodes whose `value` contains `*`, in config order.
-    pub wildcards: Vec<(Pattern, usize)>,
+    wildcards: Vec<(Pattern, usize)>,
     /// The node without a `value`.
-    pub key_only: Option<usize>,
+    key_only: Option<usize>,
+}
+
+impl KeyNodes {
+    /// Adds a node declared with `value` (empty for key-only), indexing it for lookups; `pattern`
+    /// is `value`'s wildcard pattern, if it has one. A later node with the same value takes the
+    /// earlier one's place in the index (the rules refuse such duplicates).
+    pub fn push(&mut self, value: &str, pattern: Option<Pattern>, node: TreeNode) {
+        let index = self.nodes.len();
+        self.nodes.push(node);
+        if value.is_empty() {
+            self.key_only = Some(index);
+        } else {
+            self.exact.insert(value.to_string(), index);
+            if let Some(pattern) = pattern {
+                self.wildcards.push((pattern, index));
+            }
+        }
+    }
 }
 
 /// One descriptor node.
 #[derive(Debug)]
 pub(super) struct TreeNode {
+    /// Its `rate_limit`; `None` for an allow-list entry or a parent without a limit of its own.
     pub limit: Option<Arc<Limit>>,
+    /// Its `metadata`, if any and not empty.
     pub metadata: Option<MetaValue>,
+    /// Whether the values its wildcard matches share one counter.
     pub share_threshold: bool,
+    /// The level below it.
     pub children: Level,
 }
 
@@ -91,45 +202,6 @@ impl Pattern {
         }
         true
     }
-}
-
-/// Walks `level` with the request's entries, one level per entry, never backtracking.
-pub(super) fn resolve<'a>(mut level: &'a Level, entries: &[Entry]) -> Option<Matched<'a>> {
-    let last = entries.len().checked_sub(1)?;
-    let mut shared = Vec::new();
-    for (index, entry) in entries.iter().enumerate() {
-        let candidates = level.get(entry.key.as_str())?;
-        let (node, wildcard) = if let Some(&node) = candidates.exact.get(entry.value.as_str()) {
-            (node, None)
-        } else if let Some((pattern, node)) = candidates
-            .wildcards
-            .iter()
-            .find(|(pattern, _)| pattern.matches(&entry.value))
-        {
-            (*node, Some(pattern))
-        } else {
-            (candidates.key_only?, None)
-        };
-        let node = candidates.nodes.get(node)?;
-        if let Some(pattern) = wildcard
-            && node.share_threshold
-        {
-            shared.push((index, pattern.as_str()));
-        }
-        if index == last {
-            return node.limit.as_ref().map(|limit| Matched {
-                limit,
-                shared,
-                metadata: node.metadata.as_ref(),
-            });
-        }
-        if node.children.is_empty() {
-            // The request is deeper than the config.
-            return None;
-        }
-        level = &node.children;
-    }
-    None
 }
 
 #[cfg(test)]
