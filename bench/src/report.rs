@@ -24,18 +24,25 @@ pub struct ReportArgs {
     #[command(flatten)]
     pub scale: ScaleArgs,
 
-    /// The report to write (its hand-written parts are kept).
-    #[arg(long, default_value_os_t = default_out())]
-    pub out: PathBuf,
+    /// The report to write; its hand-written parts are kept [default: docs/performance.md, or
+    /// performance.md in --results-dir with --quick, whose numbers do not belong in the docs].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 
     /// Do not measure: write the report from the results an earlier run left in --results-dir.
     #[arg(long)]
     pub render_only: bool,
 }
 
-/// `docs/performance.md` of this workspace.
-fn default_out() -> PathBuf {
-    tollgate_testkit::tools::manifest_dir().join("docs/performance.md")
+impl ReportArgs {
+    /// Where the report goes.
+    pub fn out(&self) -> PathBuf {
+        match &self.out {
+            Some(out) => out.clone(),
+            None if self.scale.quick => self.scale.results_dir.join("performance.md"),
+            None => tollgate_testkit::tools::manifest_dir().join("docs/performance.md"),
+        }
+    }
 }
 
 /// The name of the generated section describing the machine.
@@ -55,8 +62,9 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
             results.push((name, records));
         }
     }
-    write(&args.out, &results)?;
-    crate::scenario::say(&format!("wrote {}", args.out.display()));
+    let out = args.out();
+    write(&out, &results)?;
+    crate::scenario::say(&format!("wrote {}", out.display()));
     Ok(())
 }
 

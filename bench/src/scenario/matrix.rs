@@ -14,7 +14,6 @@
 //! emptied before every cell, and every cell is warmed up before it is measured.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
@@ -22,9 +21,11 @@ use serde_json::Value;
 
 use crate::ceiling::{Ceiling, CeilingResult};
 use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, percent, range, ratio, times,
+    Align, NONE, Table, count, count_range, fixed, measured, median, ms, percent, plural, range,
+    ratio, times,
 };
-use crate::load::summary::Summary;
+use crate::load::summary::{LatencyUs, Summary};
+use crate::machine::Conditions;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, Tools, UNREACHABLE_LIMIT, conditions_of,
     micros_per, policy, records_of, say, uniform_shape,
@@ -403,277 +404,289 @@ fn measure(
 }
 
 /// The runs of one cell.
+#[derive(Default)]
 struct CellRuns<'a> {
     peak: Vec<&'a TollgateRun>,
     half: Vec<&'a TollgateRun>,
 }
 
-impl CellRuns<'_> {
-    fn peak_rate(&self) -> Option<f64> {
-        median(self.peak.iter().map(|r| r.load.decisions_per_second))
-    }
-
-    fn peak_script_calls(&self) -> Option<f64> {
-        median(
-            self.peak
-                .iter()
-                .map(|r| r.load.decisions_per_second * f64::from(r.cell.descriptors)),
-        )
-    }
-}
-
+/// The median over `runs` of what `value` reads from each (runs where it is `None` left out).
 fn median_of<'a>(
     runs: &[&'a TollgateRun],
-    f: impl Fn(&'a TollgateRun) -> Option<f64>,
+    value: impl Fn(&'a TollgateRun) -> Option<f64>,
 ) -> Option<f64> {
-    median(runs.iter().filter_map(|run| f(run)))
+    median(runs.iter().filter_map(|run| value(run)))
 }
 
-/// The matrix section of the report.
-pub fn render(records: &[Value]) -> anyhow::Result<String> {
-    let conditions = conditions_of(records)?;
-    let runs: Vec<TollgateRun> = records_of(records, "tollgate")?;
-    let ceilings: Vec<CeilingRun> = records_of(records, "ceiling")?;
-    if runs.is_empty() {
-        bail!("the matrix results hold no tollgate run");
+/// What a ceiling is measured for: backend, algorithm, calls in flight, keys.
+type CeilingKey = (Backend, Algorithm, u32, u64);
+
+/// The matrix results of one run, grouped for the tables.
+struct Results<'a> {
+    conditions: Conditions,
+    /// The cells in the order they ran.
+    order: Vec<Cell>,
+    cells: BTreeMap<Cell, CellRuns<'a>>,
+    ceilings: BTreeMap<CeilingKey, Vec<&'a CeilingRun>>,
+    /// Whether the key space or the descriptor count varies, and so needs a column.
+    several_keys: bool,
+    several_descriptors: bool,
+}
+
+impl<'a> Results<'a> {
+    fn new(
+        conditions: Conditions,
+        runs: &'a [TollgateRun],
+        ceiling_runs: &'a [CeilingRun],
+    ) -> Results<'a> {
+        let mut order = Vec::new();
+        let mut cells: BTreeMap<Cell, CellRuns<'a>> = BTreeMap::new();
+        for run in runs {
+            if !cells.contains_key(&run.cell) {
+                order.push(run.cell);
+            }
+            let entry = cells.entry(run.cell).or_default();
+            match run.mode {
+                Mode::Peak => entry.peak.push(run),
+                Mode::Half => entry.half.push(run),
+            }
+        }
+        let mut ceilings: BTreeMap<CeilingKey, Vec<&CeilingRun>> = BTreeMap::new();
+        for run in ceiling_runs {
+            ceilings
+                .entry((run.backend, run.algorithm, run.concurrency, run.keys))
+                .or_default()
+                .push(run);
+        }
+        Results {
+            conditions,
+            several_keys: distinct(order.iter().map(|c| c.keys)).len() > 1,
+            several_descriptors: distinct(order.iter().map(|c| c.descriptors)).len() > 1,
+            order,
+            cells,
+            ceilings,
+        }
     }
 
-    // Cells in the order they ran.
-    let mut order: Vec<Cell> = Vec::new();
-    let mut cells: BTreeMap<Cell, CellRuns<'_>> = BTreeMap::new();
-    for run in &runs {
-        let entry = cells.entry(run.cell).or_insert_with(|| {
-            order.push(run.cell);
-            CellRuns {
-                peak: Vec::new(),
-                half: Vec::new(),
-            }
-        });
-        match run.mode {
-            Mode::Peak => entry.peak.push(run),
-            Mode::Half => entry.half.push(run),
-        }
+    /// Median peak decisions/s of `cell`.
+    fn peak(&self, cell: Cell) -> Option<f64> {
+        let runs = self.cells.get(&cell)?;
+        median_of(&runs.peak, |r| Some(r.load.decisions_per_second))
     }
-    let several_keys = distinct(order.iter().map(|c| c.keys)) > 1;
-    let several_descriptors = distinct(order.iter().map(|c| c.descriptors)) > 1;
-    let cell_columns = |table_columns: &mut Vec<(&str, Align)>| {
-        table_columns.extend([
-            ("backend", Align::Left),
-            ("algorithm", Align::Left),
-            ("shards", Align::Right),
-            ("in flight", Align::Right),
-        ]);
-        if several_keys {
-            table_columns.push(("keys", Align::Right));
+
+    /// Median peak script calls/s of `cell` (decisions × descriptors).
+    fn peak_script_calls(&self, cell: Cell) -> Option<f64> {
+        let runs = self.cells.get(&cell)?;
+        median_of(&runs.peak, |r| {
+            Some(r.load.decisions_per_second * f64::from(r.cell.descriptors))
+        })
+    }
+
+    /// Median ceiling calls/s.
+    fn ceiling(&self, key: CeilingKey) -> Option<f64> {
+        median(
+            self.ceilings
+                .get(&key)?
+                .iter()
+                .map(|r| r.result.calls_per_second),
+        )
+    }
+
+    /// The `naming` columns, keys and descriptors when they vary, then `extra`.
+    fn columns(&self, naming: &[Column], extra: &[(&'static str, Align)]) -> Vec<(String, Align)> {
+        let mut columns: Vec<(String, Align)> = naming
+            .iter()
+            .map(|column| (column.header().to_owned(), column.align()))
+            .collect();
+        if self.several_keys {
+            columns.push(("keys".to_owned(), Align::Right));
         }
-        if several_descriptors {
-            table_columns.push(("descriptors", Align::Right));
+        if self.several_descriptors {
+            columns.push(("descriptors".to_owned(), Align::Right));
         }
-    };
-    let cell_cells = |cell: &Cell| {
-        let mut row = vec![
-            cell.backend.to_string(),
-            cell.algorithm.name().to_owned(),
-            cell.shards.to_string(),
-            cell.concurrency.to_string(),
-        ];
-        if several_keys {
+        columns.extend(extra.iter().map(|(n, a)| ((*n).to_owned(), *a)));
+        columns
+    }
+
+    /// The cells naming `cell` in a row under [`Results::columns`] of `naming`.
+    fn naming(&self, cell: &Cell, naming: &[Column]) -> Vec<String> {
+        let mut row: Vec<String> = naming.iter().map(|column| column.value(cell)).collect();
+        if self.several_keys {
             row.push(count(Some(cell.keys as f64)));
         }
-        if several_descriptors {
+        if self.several_descriptors {
             row.push(cell.descriptors.to_string());
         }
         row
-    };
+    }
 
-    let mut out = String::new();
-    let first = &runs[0];
-    let keys_text = if several_keys {
-        "the key space of each row".to_owned()
-    } else {
-        format!("{} keys", count(Some(first.cell.keys as f64)))
-    };
-    let descriptors_text = if several_descriptors {
-        "the descriptors of each row".to_owned()
-    } else {
+    fn intro(&self, connections: u32) -> String {
+        let first = &self.order[0];
+        let keys = if self.several_keys {
+            "the key space of each row".to_owned()
+        } else {
+            format!("{} keys", count(Some(first.keys as f64)))
+        };
+        let descriptors = if self.several_descriptors {
+            "the descriptors of each row".to_owned()
+        } else {
+            format!(
+                "{} descriptor{} per request",
+                first.descriptors,
+                plural(u64::from(first.descriptors))
+            )
+        };
         format!(
-            "{} descriptor{} per request",
-            first.cell.descriptors,
-            if first.cell.descriptors == 1 { "" } else { "s" }
+            "### Decisions per backend, algorithm and shard count\n\n\
+             {} The peak is the median of the closed-loop runs; each open-loop run then sends at \
+             half of it. Load: {descriptors}, values drawn uniformly from {keys}, over \
+             {connections} HTTP/2 connections; every limit is far above the load, so every hit is \
+             admitted and costs one script call per descriptor (and *failed* counts any call that \
+             failed or was refused: tollgate runs with `--failure-mode deny`).\n\n",
+            measured(&self.conditions),
         )
-    };
-    let _ = writeln!(
-        out,
-        "### Decisions per backend, algorithm and shard count\n"
-    );
-    let _ = writeln!(
-        out,
-        "{} The peak is the median of the closed-loop runs; each open-loop run then sends at half \
-         of it. Load: {descriptors_text}, values drawn uniformly from {keys_text}, over {} HTTP/2 \
-         connections; every limit is far above the load, so every hit is admitted and costs one \
-         script call per descriptor (and *failed* counts any call that failed or was refused: \
-         tollgate runs with `--failure-mode deny`).",
-        measured(&conditions),
-        first.connections,
-    );
-    out.push('\n');
+    }
 
-    // Peak.
-    let _ = writeln!(out, "#### Peak: closed loop\n");
-    let _ = writeln!(
-        out,
-        "CPU columns: CPU time of the tollgate process, of all Redis processes and of the load \
-         generator during the run, per decision or per script call.\n"
-    );
-    let mut columns = Vec::new();
-    cell_columns(&mut columns);
-    columns.extend([
-        ("decisions/s", Align::Right),
-        ("min–max", Align::Right),
-        ("p50 ms", Align::Right),
-        ("p99 ms", Align::Right),
-        ("tollgate CPU µs/decision", Align::Right),
-        ("Redis CPU µs/script call", Align::Right),
-        ("generator CPU µs/decision", Align::Right),
-        ("failed", Align::Right),
-    ]);
-    let mut table = Table::new(&columns);
-    for cell in &order {
-        let runs = &cells[cell];
-        let peak = &runs.peak;
-        let mut row = cell_cells(cell);
-        row.extend([
-            count(runs.peak_rate()),
-            count_range(range(peak.iter().map(|r| r.load.decisions_per_second))),
-            ms(median_of(peak, |r| Some(r.load.latency_us.p50))),
-            ms(median_of(peak, |r| Some(r.load.latency_us.p99))),
-            fixed(
-                median_of(peak, |r| {
-                    micros_per(r.tollgate_cpu_seconds, r.load.decisions)
-                }),
-                1,
-            ),
-            if cell.backend == Backend::Memory {
-                crate::doc::NONE.to_owned()
-            } else {
+    fn peak_table(&self) -> String {
+        let columns = self.columns(
+            &ALL_COLUMNS,
+            &[
+                ("decisions/s", Align::Right),
+                ("min–max", Align::Right),
+                ("p50 ms", Align::Right),
+                ("p99 ms", Align::Right),
+                ("tollgate CPU µs/decision", Align::Right),
+                ("Redis CPU µs/script call", Align::Right),
+                ("generator CPU µs/decision", Align::Right),
+                ("failed", Align::Right),
+            ],
+        );
+        let mut table = Table::new(&borrowed(&columns));
+        for cell in &self.order {
+            let peak = &self.cells[cell].peak;
+            let mut row = self.naming(cell, &ALL_COLUMNS);
+            row.extend([
+                count(self.peak(*cell)),
+                count_range(range(peak.iter().map(|r| r.load.decisions_per_second))),
+                ms(median_of(peak, |r| Some(r.load.latency_us.p50))),
+                ms(median_of(peak, |r| Some(r.load.latency_us.p99))),
                 fixed(
-                    median_of(peak, |r| micros_per(r.redis_cpu_seconds, r.script_calls())),
+                    median_of(peak, |r| {
+                        micros_per(r.tollgate_cpu_seconds, r.load.decisions)
+                    }),
                     1,
-                )
-            },
-            fixed(
-                median_of(peak, |r| {
-                    micros_per(r.generator_cpu_seconds, r.load.decisions)
-                }),
-                1,
-            ),
-            peak.iter().map(|r| r.failed()).sum::<u64>().to_string(),
-        ]);
-        table.row(row);
-    }
-    out.push_str(&table.render());
-    out.push('\n');
-
-    // Half.
-    let _ = writeln!(out, "#### Latency at half the peak: open loop\n");
-    let _ = writeln!(
-        out,
-        "Calls are sent on a fixed schedule; a call that waits for a free slot is timed from its \
-         scheduled time, so a stalled server shows in the tail instead of slowing the schedule.\n"
-    );
-    let mut columns = Vec::new();
-    cell_columns(&mut columns);
-    columns.extend([
-        ("target/s", Align::Right),
-        ("achieved/s", Align::Right),
-        ("p50 ms", Align::Right),
-        ("p90 ms", Align::Right),
-        ("p99 ms", Align::Right),
-        ("p99.9 ms", Align::Right),
-        ("max ms", Align::Right),
-        ("failed", Align::Right),
-    ]);
-    let mut table = Table::new(&columns);
-    for cell in &order {
-        let half = &cells[cell].half;
-        if half.is_empty() {
-            continue;
+                ),
+                if cell.backend == Backend::Memory {
+                    NONE.to_owned()
+                } else {
+                    fixed(
+                        median_of(peak, |r| micros_per(r.redis_cpu_seconds, r.script_calls())),
+                        1,
+                    )
+                },
+                fixed(
+                    median_of(peak, |r| {
+                        micros_per(r.generator_cpu_seconds, r.load.decisions)
+                    }),
+                    1,
+                ),
+                peak.iter().map(|r| r.failed()).sum::<u64>().to_string(),
+            ]);
+            table.row(row);
         }
-        let mut row = cell_cells(cell);
-        row.extend([
-            count(median_of(half, |r| r.target_rate)),
-            count(median_of(half, |r| Some(r.load.decisions_per_second))),
-            ms(median_of(half, |r| Some(r.load.latency_us.p50))),
-            ms(median_of(half, |r| Some(r.load.latency_us.p90))),
-            ms(median_of(half, |r| Some(r.load.latency_us.p99))),
-            ms(median_of(half, |r| Some(r.load.latency_us.p99_9))),
-            ms(median_of(half, |r| Some(r.load.latency_us.max))),
-            half.iter().map(|r| r.failed()).sum::<u64>().to_string(),
-        ]);
-        table.row(row);
+        format!(
+            "#### Peak: closed loop\n\n\
+             CPU columns: CPU time of the tollgate process, of all Redis processes and of the \
+             load generator during the run, per decision or per script call.\n\n{}\n",
+            table.render()
+        )
     }
-    out.push_str(&table.render());
-    out.push('\n');
 
-    // Ceiling.
-    type CeilingKey = (Backend, Algorithm, u32, u64);
-    let mut ceiling_runs: BTreeMap<CeilingKey, Vec<&CeilingRun>> = BTreeMap::new();
-    for run in &ceilings {
-        ceiling_runs
-            .entry((run.backend, run.algorithm, run.concurrency, run.keys))
-            .or_default()
-            .push(run);
-    }
-    let ceiling_rate = |key: CeilingKey| {
-        ceiling_runs
-            .get(&key)
-            .and_then(|runs| median(runs.iter().map(|r| r.result.calls_per_second)))
-    };
-    if !ceiling_runs.is_empty() {
-        let _ = writeln!(
-            out,
-            "#### Ceiling: redis-benchmark running the same script\n"
+    fn half_table(&self) -> String {
+        let columns = self.columns(
+            &ALL_COLUMNS,
+            &[
+                ("target/s", Align::Right),
+                ("achieved/s", Align::Right),
+                ("p50 ms", Align::Right),
+                ("p90 ms", Align::Right),
+                ("p99 ms", Align::Right),
+                ("p99.9 ms", Align::Right),
+                ("max ms", Align::Right),
+                ("failed", Align::Right),
+            ],
         );
-        let example = ceilings
-            .iter()
+        let mut table = Table::new(&borrowed(&columns));
+        for cell in &self.order {
+            let half = &self.cells[cell].half;
+            if half.is_empty() {
+                continue;
+            }
+            let latency = |quantile: fn(&LatencyUs) -> f64| {
+                ms(median_of(half, |r| Some(quantile(&r.load.latency_us))))
+            };
+            let mut row = self.naming(cell, &ALL_COLUMNS);
+            row.extend([
+                count(median_of(half, |r| r.target_rate)),
+                count(median_of(half, |r| Some(r.load.decisions_per_second))),
+                latency(|l| l.p50),
+                latency(|l| l.p90),
+                latency(|l| l.p99),
+                latency(|l| l.p99_9),
+                latency(|l| l.max),
+                half.iter().map(|r| r.failed()).sum::<u64>().to_string(),
+            ]);
+            table.row(row);
+        }
+        format!(
+            "#### Latency at half the peak: open loop\n\n\
+             Calls are sent on a fixed schedule; a call that waits for a free slot is timed from \
+             its scheduled time, so a stalled server shows in the tail instead of slowing the \
+             schedule.\n\n{}\n",
+            table.render()
+        )
+    }
+
+    fn ceiling_table(&self) -> String {
+        let Some(example) = self
+            .ceilings
+            .values()
+            .flatten()
             .find(|run| run.backend == Backend::Redis)
-            .unwrap_or(&ceilings[0]);
-        let _ = writeln!(
-            out,
-            "redis-benchmark (a C client) sends `EVALSHA` of the script tollgate runs per \
-             descriptor, on keys of the same shape, with one call in flight per connection and as \
-             many connections as tollgate had calls in flight, against the same server or cluster \
-             (with `--cluster` and a `{{tag}}` in the key, so each call goes to its master). For \
-             example: `{}`. Redis CPU is that of every Redis process, replicas included.\n",
-            example.command
-        );
+            .or_else(|| self.ceilings.values().flatten().next())
+        else {
+            return String::new();
+        };
         let mut columns = vec![
-            ("target", Align::Left),
-            ("algorithm", Align::Left),
-            ("in flight", Align::Right),
+            ("target".to_owned(), Align::Left),
+            ("algorithm".to_owned(), Align::Left),
+            ("in flight".to_owned(), Align::Right),
         ];
-        if several_keys {
-            columns.push(("keys", Align::Right));
+        if self.several_keys {
+            columns.push(("keys".to_owned(), Align::Right));
         }
-        columns.extend([
-            ("EVALSHA/s", Align::Right),
-            ("min–max", Align::Right),
-            ("p50 ms", Align::Right),
-            ("p99 ms", Align::Right),
-            ("Redis CPU µs/call", Align::Right),
-        ]);
-        let mut table = Table::new(&columns);
-        for (&(backend, algorithm, level, keys), runs) in &ceiling_runs {
+        for name in [
+            "EVALSHA/s",
+            "min–max",
+            "p50 ms",
+            "p99 ms",
+            "Redis CPU µs/call",
+        ] {
+            columns.push((name.to_owned(), Align::Right));
+        }
+        let mut table = Table::new(&borrowed(&columns));
+        for (&key, runs) in &self.ceilings {
+            let (backend, algorithm, level, keys) = key;
             let mut row = vec![
                 backend.to_string(),
                 algorithm.name().to_owned(),
                 level.to_string(),
             ];
-            if several_keys {
+            if self.several_keys {
                 row.push(count(Some(keys as f64)));
             }
             row.extend([
-                count(ceiling_rate((backend, algorithm, level, keys))),
+                count(self.ceiling(key)),
                 count_range(range(runs.iter().map(|r| r.result.calls_per_second))),
                 fixed(median(runs.iter().map(|r| r.result.p50_ms)), 2),
                 fixed(median(runs.iter().map(|r| r.result.p99_ms)), 2),
@@ -688,134 +701,99 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             ]);
             table.row(row);
         }
-        out.push_str(&table.render());
-        out.push('\n');
+        format!(
+            "#### Ceiling: redis-benchmark running the same script\n\n\
+             redis-benchmark (a C client) sends `EVALSHA` of the script tollgate runs per \
+             descriptor, on keys of the same shape, with one call in flight per connection and as \
+             many connections as tollgate had calls in flight, against the same server or cluster \
+             (with `--cluster` and a `{{tag}}` in the key, so each call goes to its master). For \
+             example: `{}`. Redis CPU is that of every Redis process, replicas included.\n\n{}\n",
+            example.command,
+            table.render()
+        )
     }
 
-    // Ratios between backends and against the ceiling.
-    let peak = |cell: Cell| cells.get(&cell).and_then(CellRuns::peak_rate);
-    let script_rate = |cell: Cell| cells.get(&cell).and_then(CellRuns::peak_script_calls);
-    let mut shapes: Vec<(Algorithm, u16, u32, u64, u32)> = Vec::new();
-    for cell in &order {
-        let shape = (
-            cell.algorithm,
-            cell.shards,
-            cell.concurrency,
-            cell.keys,
-            cell.descriptors,
-        );
-        if !shapes.contains(&shape) {
-            shapes.push(shape);
-        }
+    fn backends(&self) -> Vec<Backend> {
+        distinct(self.order.iter().map(|c| c.backend))
     }
-    let backends: Vec<Backend> = {
-        let mut seen = Vec::new();
-        for cell in &order {
-            if !seen.contains(&cell.backend) {
-                seen.push(cell.backend);
-            }
-        }
-        seen
-    };
-    let at = |backend,
-              (algorithm, shards, concurrency, keys, descriptors): (
-        Algorithm,
-        u16,
-        u32,
-        u64,
-        u32,
-    )| Cell {
-        backend,
-        algorithm,
-        shards,
-        concurrency,
-        keys,
-        descriptors,
-    };
-    let redis_backends: Vec<Backend> = backends
-        .iter()
-        .copied()
-        .filter(|b| *b != Backend::Memory)
-        .collect();
-    let mut memory_over_redis = Vec::new();
-    let mut redis_over_ceiling = Vec::new();
-    if !redis_backends.is_empty() {
-        let _ = writeln!(out, "#### Ratios (numbers of this one run)\n");
-        let _ = writeln!(
-            out,
-            "*memory ÷ X*: peak decisions/s of the memory backend over that of X. *X ÷ ceiling*: \
-             the script calls/s tollgate made X run at its peak (decisions/s × descriptors) over \
-             the redis-benchmark ceiling at the same concurrency.\n"
-        );
-        let mut columns = vec![
-            ("algorithm", Align::Left),
-            ("shards", Align::Right),
-            ("in flight", Align::Right),
-        ];
-        if several_keys {
-            columns.push(("keys", Align::Right));
-        }
-        if several_descriptors {
-            columns.push(("descriptors", Align::Right));
+
+    /// Peak ratios between the memory backend and each Redis backend, and of each Redis backend
+    /// against its ceiling; also answers memory ÷ redis and redis ÷ ceiling of every row, for the
+    /// targets.
+    fn ratio_table(&self) -> (String, Vec<f64>, Vec<f64>) {
+        let backends = self.backends();
+        let with_memory = backends.contains(&Backend::Memory);
+        let redis: Vec<Backend> = backends
+            .iter()
+            .copied()
+            .filter(|b| *b != Backend::Memory)
+            .collect();
+        let (mut memory_over_redis, mut redis_over_ceiling) = (Vec::new(), Vec::new());
+        if redis.is_empty() {
+            return (String::new(), memory_over_redis, redis_over_ceiling);
         }
         let mut headers: Vec<String> = Vec::new();
-        if backends.contains(&Backend::Memory) {
-            headers.extend(redis_backends.iter().map(|b| format!("memory ÷ {b}")));
+        if with_memory {
+            headers.extend(redis.iter().map(|b| format!("memory ÷ {b}")));
         }
-        headers.extend(redis_backends.iter().map(|b| format!("{b} ÷ ceiling")));
-        columns.extend(headers.iter().map(|h| (h.as_str(), Align::Right)));
-        let mut table = Table::new(&columns);
-        for &shape in &shapes {
-            let (algorithm, shards, level, keys, descriptors) = shape;
-            let mut row = vec![
-                algorithm.name().to_owned(),
-                shards.to_string(),
-                level.to_string(),
-            ];
-            if several_keys {
-                row.push(count(Some(keys as f64)));
+        headers.extend(redis.iter().map(|b| format!("{b} ÷ ceiling")));
+        let naming = [Column::Algorithm, Column::Shards, Column::InFlight];
+        let mut columns = self.columns(&naming, &[]);
+        columns.extend(headers.into_iter().map(|h| (h, Align::Right)));
+        let mut table = Table::new(&borrowed(&columns));
+        let mut rows_seen: Vec<Cell> = Vec::new();
+        for cell in &self.order {
+            let shape = Cell {
+                backend: Backend::Memory,
+                ..*cell
+            };
+            if rows_seen.contains(&shape) {
+                continue;
             }
-            if several_descriptors {
-                row.push(descriptors.to_string());
-            }
-            if backends.contains(&Backend::Memory) {
-                for &backend in &redis_backends {
-                    let value = ratio(peak(at(Backend::Memory, shape)), peak(at(backend, shape)));
-                    if backend == Backend::Redis
-                        && let Some(value) = value
-                    {
-                        memory_over_redis.push(value);
+            rows_seen.push(shape);
+            let on = |backend| Cell { backend, ..shape };
+            let mut row = self.naming(&shape, &naming);
+            if with_memory {
+                for &backend in &redis {
+                    let value = ratio(self.peak(on(Backend::Memory)), self.peak(on(backend)));
+                    if backend == Backend::Redis {
+                        memory_over_redis.extend(value);
                     }
                     row.push(times(value));
                 }
             }
-            for &backend in &redis_backends {
+            for &backend in &redis {
                 let value = ratio(
-                    script_rate(at(backend, shape)),
-                    ceiling_rate((backend, algorithm, level, keys)),
+                    self.peak_script_calls(on(backend)),
+                    self.ceiling((backend, shape.algorithm, shape.concurrency, shape.keys)),
                 );
-                if backend == Backend::Redis
-                    && let Some(value) = value
-                {
-                    redis_over_ceiling.push(value);
+                if backend == Backend::Redis {
+                    redis_over_ceiling.extend(value);
                 }
                 row.push(percent(value));
             }
             table.row(row);
         }
-        out.push_str(&table.render());
-        out.push('\n');
+        let text = format!(
+            "#### Ratios (numbers of this one run)\n\n\
+             *memory ÷ X*: peak decisions/s of the memory backend over that of X. *X ÷ ceiling*: \
+             the script calls/s tollgate made X run at its peak (decisions/s × descriptors) over \
+             the redis-benchmark ceiling at the same concurrency.\n\n{}\n",
+            table.render()
+        );
+        (text, memory_over_redis, redis_over_ceiling)
     }
 
-    // Ratios between shard counts and algorithms, per backend.
-    let shard_counts = distinct_in_order(order.iter().map(|c| c.shards));
-    let algorithms = distinct_in_order(order.iter().map(|c| c.algorithm));
-    if shard_counts.len() > 1 || algorithms.len() > 1 {
-        let _ = writeln!(
-            out,
-            "Peak decisions/s of one shard count over the first, and of the log over the counter, \
-             per backend:\n"
-        );
+    /// Peak ratios between shard counts (each over the first) and between the algorithms, per
+    /// backend and concurrency.
+    fn variant_table(&self) -> String {
+        let shard_counts = distinct(self.order.iter().map(|c| c.shards));
+        let algorithms = distinct(self.order.iter().map(|c| c.algorithm));
+        let both_algorithms =
+            algorithms.contains(&Algorithm::Counter) && algorithms.contains(&Algorithm::Log);
+        if shard_counts.len() < 2 && !both_algorithms {
+            return String::new();
+        }
         let mut headers = Vec::new();
         for &algorithm in &algorithms {
             for &shards in &shard_counts[1..] {
@@ -826,87 +804,145 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
                 ));
             }
         }
-        if algorithms.contains(&Algorithm::Counter) && algorithms.contains(&Algorithm::Log) {
+        if both_algorithms {
             for &shards in &shard_counts {
                 headers.push(format!("log ÷ counter (shards {shards})"));
             }
         }
-        let mut columns = vec![("backend", Align::Left), ("in flight", Align::Right)];
-        if several_keys {
-            columns.push(("keys", Align::Right));
-        }
-        if several_descriptors {
-            columns.push(("descriptors", Align::Right));
-        }
-        columns.extend(headers.iter().map(|h| (h.as_str(), Align::Right)));
-        let mut table = Table::new(&columns);
-        let mut groups: Vec<(Backend, u32, u64, u32)> = Vec::new();
-        for cell in &order {
-            let group = (cell.backend, cell.concurrency, cell.keys, cell.descriptors);
-            if !groups.contains(&group) {
-                groups.push(group);
-            }
-        }
-        for (backend, level, keys, descriptors) in groups {
-            let cell = |algorithm, shards| Cell {
-                backend,
-                algorithm,
-                shards,
-                concurrency: level,
-                keys,
-                descriptors,
+        let naming = [Column::Backend, Column::InFlight];
+        let mut columns = self.columns(&naming, &[]);
+        columns.extend(headers.into_iter().map(|h| (h, Align::Right)));
+        let mut table = Table::new(&borrowed(&columns));
+        let mut rows_seen: Vec<Cell> = Vec::new();
+        for cell in &self.order {
+            let group = Cell {
+                algorithm: Algorithm::Counter,
+                shards: 0,
+                ..*cell
             };
-            let mut row = vec![backend.to_string(), level.to_string()];
-            if several_keys {
-                row.push(count(Some(keys as f64)));
+            if rows_seen.contains(&group) {
+                continue;
             }
-            if several_descriptors {
-                row.push(descriptors.to_string());
-            }
+            rows_seen.push(group);
+            let at = |algorithm, shards| {
+                self.peak(Cell {
+                    algorithm,
+                    shards,
+                    ..group
+                })
+            };
+            let mut row = self.naming(&group, &naming);
             for &algorithm in &algorithms {
                 for &shards in &shard_counts[1..] {
                     row.push(times(ratio(
-                        peak(cell(algorithm, shards)),
-                        peak(cell(algorithm, shard_counts[0])),
+                        at(algorithm, shards),
+                        at(algorithm, shard_counts[0]),
                     )));
                 }
             }
-            if algorithms.contains(&Algorithm::Counter) && algorithms.contains(&Algorithm::Log) {
+            if both_algorithms {
                 for &shards in &shard_counts {
                     row.push(times(ratio(
-                        peak(cell(Algorithm::Log, shards)),
-                        peak(cell(Algorithm::Counter, shards)),
+                        at(Algorithm::Log, shards),
+                        at(Algorithm::Counter, shards),
                     )));
                 }
             }
             table.row(row);
         }
-        out.push_str(&table.render());
-        out.push('\n');
+        format!(
+            "Peak decisions/s of one shard count over the first, and of the log over the counter, \
+             per backend:\n\n{}\n",
+            table.render()
+        )
     }
 
-    // The targets.
-    let p99s: Vec<f64> = order
-        .iter()
-        .filter_map(|cell| median_of(&cells[cell].half, |r| Some(r.load.latency_us.p99)))
-        .collect();
-    let _ = writeln!(out, "Targets, over the cells of this run:\n");
-    let _ = writeln!(
-        out,
-        "- memory ÷ redis peak ≥ 3×: {}",
-        target_line(&memory_over_redis, |v| v >= 3.0, |v| times(Some(v)))
-    );
-    let _ = writeln!(
-        out,
-        "- redis script calls ÷ EVALSHA ceiling ≥ 70%: {}",
-        target_line(&redis_over_ceiling, |v| v >= 0.7, |v| percent(Some(v)))
-    );
-    let _ = writeln!(
-        out,
-        "- p99 at half the peak < 2 ms: {}",
-        target_line(&p99s, |v| v < 2_000.0, |v| format!("{} ms", ms(Some(v))))
-    );
-    Ok(out)
+    fn targets(&self, memory_over_redis: &[f64], redis_over_ceiling: &[f64]) -> String {
+        let p99s: Vec<f64> = self
+            .order
+            .iter()
+            .filter_map(|cell| median_of(&self.cells[cell].half, |r| Some(r.load.latency_us.p99)))
+            .collect();
+        format!(
+            "Targets, over the cells of this run:\n\n\
+             - memory ÷ redis peak ≥ 3×: {}\n\
+             - redis script calls ÷ EVALSHA ceiling ≥ 70%: {}\n\
+             - p99 at half the peak < 2 ms: {}\n",
+            target_line(memory_over_redis, |v| v >= 3.0, |v| times(Some(v))),
+            target_line(redis_over_ceiling, |v| v >= 0.7, |v| percent(Some(v))),
+            target_line(&p99s, |v| v < 2_000.0, |v| format!("{} ms", ms(Some(v)))),
+        )
+    }
+}
+
+/// A column that names the cell of a row.
+#[derive(Debug, Clone, Copy)]
+enum Column {
+    Backend,
+    Algorithm,
+    Shards,
+    InFlight,
+}
+
+/// Every naming column, in table order.
+const ALL_COLUMNS: [Column; 4] = [
+    Column::Backend,
+    Column::Algorithm,
+    Column::Shards,
+    Column::InFlight,
+];
+
+impl Column {
+    fn header(self) -> &'static str {
+        match self {
+            Column::Backend => "backend",
+            Column::Algorithm => "algorithm",
+            Column::Shards => "shards",
+            Column::InFlight => "in flight",
+        }
+    }
+
+    fn align(self) -> Align {
+        match self {
+            Column::Backend | Column::Algorithm => Align::Left,
+            Column::Shards | Column::InFlight => Align::Right,
+        }
+    }
+
+    fn value(self, cell: &Cell) -> String {
+        match self {
+            Column::Backend => cell.backend.to_string(),
+            Column::Algorithm => cell.algorithm.name().to_owned(),
+            Column::Shards => cell.shards.to_string(),
+            Column::InFlight => cell.concurrency.to_string(),
+        }
+    }
+}
+
+fn borrowed(columns: &[(String, Align)]) -> Vec<(&str, Align)> {
+    columns.iter().map(|(n, a)| (n.as_str(), *a)).collect()
+}
+
+/// The matrix section of the report.
+pub fn render(records: &[Value]) -> anyhow::Result<String> {
+    let conditions = conditions_of(records)?;
+    let runs: Vec<TollgateRun> = records_of(records, "tollgate")?;
+    let ceilings: Vec<CeilingRun> = records_of(records, "ceiling")?;
+    let Some(first) = runs.first() else {
+        bail!("the matrix results hold no tollgate run");
+    };
+    let results = Results::new(conditions, &runs, &ceilings);
+    let (ratios, memory_over_redis, redis_over_ceiling) = results.ratio_table();
+    Ok([
+        results.intro(first.connections),
+        results.peak_table(),
+        results.half_table(),
+        results.ceiling_table(),
+        ratios,
+        results.variant_table(),
+        results.targets(&memory_over_redis, &redis_over_ceiling),
+    ]
+    .concat())
 }
 
 /// `met in 3 of 8 cells (1.81×–3.10×)`, or that nothing was measured.
@@ -923,11 +959,8 @@ fn target_line(values: &[f64], met: impl Fn(f64) -> bool, show: impl Fn(f64) -> 
     }
 }
 
-fn distinct<T: Ord>(values: impl Iterator<Item = T>) -> usize {
-    values.collect::<std::collections::BTreeSet<T>>().len()
-}
-
-fn distinct_in_order<T: PartialEq + Copy>(values: impl Iterator<Item = T>) -> Vec<T> {
+/// The distinct values, in the order they first appear.
+fn distinct<T: PartialEq + Copy>(values: impl Iterator<Item = T>) -> Vec<T> {
     let mut seen = Vec::new();
     for value in values {
         if !seen.contains(&value) {
