@@ -54,7 +54,11 @@ impl Machine {
             .find_map(|line| line.strip_prefix("MemTotal:"))
             .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0.0);
-        let redis = command_output("redis-server", &["--version"]);
+        let redis_server = std::env::var("TOLLGATE_REDIS_SERVER")
+            .ok()
+            .filter(|path| !path.is_empty())
+            .unwrap_or_else(|| "redis-server".to_owned());
+        let redis = command_output(&redis_server, &["--version"]);
         let redis = redis.split(" sha=").next().unwrap_or_default().to_owned();
         let root = tollgate_testkit::tools::manifest_dir();
         let root = root.display().to_string();

@@ -113,7 +113,7 @@ impl Scenario for Attack {
             let stand = Stand::start(&bench.servers, backend, &policy, "allow")?;
             let connections = bench
                 .loader
-                .connect(stand.grpc_addr(), options.connections)?;
+                .connect(&[stand.grpc_addr()], options.connections)?;
             stand.nodes.flush();
             let phase = |duration| Phase {
                 shape: uniform_shape(vec![KEY.to_owned()], 1),

@@ -145,7 +145,7 @@ impl Scenario for Hotkey {
         )?;
         let connections = bench
             .loader
-            .connect(stand.grpc_addr(), options.connections)?;
+            .connect(&[stand.grpc_addr()], options.connections)?;
         stand.nodes.flush();
         let slots = stand.nodes.slots();
         for run in 1..=bench.scale.runs {

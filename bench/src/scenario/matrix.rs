@@ -206,7 +206,7 @@ impl Scenario for Matrix {
             let stand = Stand::start(servers, backend, &policy, "deny")?;
             let connections = tools
                 .loader
-                .connect(stand.grpc_addr(), options.connections)?;
+                .connect(&[stand.grpc_addr()], options.connections)?;
             for &algorithm in &options.algorithms {
                 for &shards in &options.shards {
                     for &level in &concurrency {

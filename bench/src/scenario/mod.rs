@@ -3,10 +3,13 @@
 //! `docs/performance.md`.
 //!
 //! Adding a scenario is a new module with a type implementing [`Scenario`], an entry in
-//! [`ScenarioName`] and in [`scenario`]. A scenario gets a [`Bench`]: the scale of the run,
-//! the shared Redis servers, a load generator, and the recorder its JSON lines go to. Its render
-//! function reads only its own records, so a report can be written again from
-//! `target/bench/*.jsonl` without measuring (`report --render-only`).
+//! [`ScenarioName`] and in [`scenario`] (which `report` runs), and a subcommand in `main.rs`
+//! for running it alone with its own options. A scenario gets a [`Bench`]: the scale of the run,
+//! the shared Redis servers, a load generator, and the recorder its JSON lines go to. It may
+//! start several tollgate processes on the same servers ([`crate::stand::Stand`]) and spread its
+//! load over all of them ([`Loader::connect`]). Its render function reads only its own
+//! records, so a report can be written again from `target/bench/*.jsonl` without measuring
+//! (`report --render-only`).
 
 pub mod attack;
 pub mod hotkey;
@@ -368,15 +371,20 @@ impl Loader {
         Ok(Loader { runtime })
     }
 
-    /// Opens `connections` HTTP/2 connections to the gRPC server at `addr`.
+    /// Opens `connections` HTTP/2 connections to each gRPC server of `addrs`; the calls in flight
+    /// of a phase are spread evenly over all of them (and so over the servers).
     pub fn connect(
         &self,
-        addr: std::net::SocketAddr,
+        addrs: &[std::net::SocketAddr],
         connections: u32,
     ) -> anyhow::Result<Connections> {
-        let clients = self
-            .runtime
-            .block_on(connect(&format!("http://{addr}"), connections))?;
+        let mut clients = Vec::new();
+        for addr in addrs {
+            clients.extend(
+                self.runtime
+                    .block_on(connect(&format!("http://{addr}"), connections))?,
+            );
+        }
         Ok(Connections { clients })
     }
 
