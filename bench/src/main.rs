@@ -101,7 +101,7 @@ fn run(command: Command) -> anyhow::Result<()> {
 
 /// Runs one scenario and prints its report section.
 fn run_one(scale: &ScaleArgs, scenario: &dyn Scenario) -> anyhow::Result<()> {
-    let mut bench = Bench::new(scale.scale(), &scale.results_dir)?;
+    let mut bench = Bench::new(scale.scale(), &scale.results_dir())?;
     let records = bench.run(scenario)?;
     print!("{}", scenario.render(&records)?);
     Ok(())

@@ -25,7 +25,8 @@ pub struct ReportArgs {
     pub scale: ScaleArgs,
 
     /// The report to write; its hand-written parts are kept [default: docs/performance.md, or
-    /// performance.md in --results-dir with --quick, whose numbers do not belong in the docs].
+    /// with --quick performance.md in the results directory: smoke numbers do not belong in the
+    /// docs].
     #[arg(long)]
     pub out: Option<PathBuf>,
 
@@ -39,7 +40,7 @@ impl ReportArgs {
     pub fn out(&self) -> PathBuf {
         match &self.out {
             Some(out) => out.clone(),
-            None if self.scale.quick => self.scale.results_dir.join("performance.md"),
+            None if self.scale.quick => self.scale.results_dir().join("performance.md"),
             None => tollgate_testkit::tools::manifest_dir().join("docs/performance.md"),
         }
     }
@@ -53,10 +54,10 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let mut results: Vec<(ScenarioName, Vec<Value>)> = Vec::new();
     if args.render_only {
         for &name in &args.scenarios {
-            results.push((name, read_records(&args.scale.results_dir, name)?));
+            results.push((name, read_records(&args.scale.results_dir(), name)?));
         }
     } else {
-        let mut bench = Bench::new(args.scale.scale(), &args.scale.results_dir)?;
+        let mut bench = Bench::new(args.scale.scale(), &args.scale.results_dir())?;
         for &name in &args.scenarios {
             let records = bench.run(scenario(name).as_ref())?;
             results.push((name, records));

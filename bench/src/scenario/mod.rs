@@ -117,14 +117,21 @@ pub struct ScaleArgs {
     #[arg(long)]
     pub quick: bool,
 
-    /// Where the results go as JSON lines, one file per scenario (`matrix.jsonl`, ...).
-    #[arg(long, default_value_os_t = default_results_dir())]
-    pub results_dir: PathBuf,
+    /// Where the results go as JSON lines, one file per scenario (`matrix.jsonl`, ...)
+    /// [default: target/bench, or target/bench/quick with --quick, so smoke results never mix
+    /// with real ones].
+    #[arg(long)]
+    pub results_dir: Option<PathBuf>,
 }
 
-/// `target/bench` of this workspace.
-fn default_results_dir() -> PathBuf {
-    tollgate_testkit::tools::manifest_dir().join("target/bench")
+impl ScaleArgs {
+    /// Where the results go.
+    pub fn results_dir(&self) -> PathBuf {
+        self.results_dir.clone().unwrap_or_else(|| {
+            let dir = tollgate_testkit::tools::manifest_dir().join("target/bench");
+            if self.quick { dir.join("quick") } else { dir }
+        })
+    }
 }
 
 /// The scale of a run, defaults applied.
