@@ -491,3 +491,25 @@ pub fn policy(limits: &[(String, Algorithm, u64, u16)]) -> String {
 pub fn micros_per(seconds: f64, events: u64) -> Option<f64> {
     (events > 0).then(|| seconds / events as f64 * 1e6)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_has_defaults_and_its_name() {
+        for name in ScenarioName::ALL {
+            assert_eq!(scenario(name).name(), name);
+        }
+    }
+
+    #[test]
+    fn policies_name_every_limit() {
+        let yaml = policy(&[("log_s8_0".into(), Algorithm::Log, 100, 8)]);
+        assert_eq!(
+            yaml,
+            "domain: bench\ndescriptors:\n  - key: log_s8_0\n    rate_limit: {unit: minute, \
+             requests_per_unit: 100, algorithm: sliding_window_log, shards: 8}\n"
+        );
+    }
+}
