@@ -113,8 +113,9 @@ pub struct ScaleArgs {
     pub warmup: Option<Duration>,
 
     /// A smoke run: one short run per point and fewer points (one concurrency level), to check
-    /// that everything works; its numbers mean little.
-    #[arg(long)]
+    /// that everything works; its numbers mean little. The test that runs the commands of the
+    /// documentation sets the variable, so the documented commands are checked at this scale.
+    #[arg(long, env = "TOLLGATE_BENCH_QUICK")]
     pub quick: bool,
 
     /// Where the results go as JSON lines, one file per scenario (`matrix.jsonl`, ...)
