@@ -20,7 +20,8 @@ use tonic_health::pb::health_client::HealthClient;
 
 use tollgate_testkit::net::{Reply, agent, send};
 use tollgate_testkit::redis::RedisServer;
-use tollgate_testkit::tollgate::{LIVENESS, Tollgate, health_status, per_user_per_minute};
+use tollgate_testkit::rls::health_status;
+use tollgate_testkit::tollgate::{LIVENESS, Tollgate, per_user_per_minute};
 
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 

@@ -14,7 +14,8 @@ use tollgate::backend::{
     Backend, BackendError, ClusterBackend, Hit, MemoryBackend, Outcome, RedisBackend,
 };
 use tollgate::window::{self, Algorithm, Cost, Verdict};
-use tollgate_testkit::redis::{RedisCluster, RedisServer, wait_until};
+use tollgate_testkit::redis::{RedisCluster, RedisServer};
+use tollgate_testkit::wait;
 
 const PREFIX: &str = "tollgate-test:";
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -668,7 +669,7 @@ async fn stopped_redis_fails_fast_and_recovers() {
     assert!(backend.ping().await.is_err());
 
     server.restart();
-    wait_until(
+    wait::until(
         "the backend to answer again",
         Duration::from_secs(15),
         || futures_block_on(backend.ping()).is_ok(),
@@ -686,7 +687,7 @@ async fn stopped_redis_fails_fast_and_recovers() {
     signal(pid, "-CONT");
     assert_eq!(result, Err(BackendError::Timeout(timeout)));
     assert!(waited < timeout + Duration::from_secs(2), "{waited:?}");
-    wait_until(
+    wait::until(
         "the backend to answer again",
         Duration::from_secs(15),
         || futures_block_on(backend.ping()).is_ok(),
