@@ -1,12 +1,24 @@
-//! End to end through a real Envoy: its HTTP rate-limit filter calls a real tollgate over gRPC,
-//! and the tests send real HTTP requests to Envoy and read what a client would see.
+//! End to end through a real Envoy: its HTTP rate-limit filter calls tollgate over gRPC, and the
+//! tests send real HTTP requests to Envoy and read what a client would see. tollgate serves in
+//! this process (the same server the binary runs), on memory or on the binary's shared Redis and
+//! Cluster under a key prefix of its own; the example deployment runs the binary (`deploy.rs`).
 
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tollgate_testkit::envoy::{Action, Envoy};
+use tollgate::limiter::Settings;
+use tollgate_testkit::envoy::{Action, Envoy, EnvoyBuilder};
+use tollgate_testkit::in_process::InProcess;
 use tollgate_testkit::net::{Reply, free_addr};
-use tollgate_testkit::redis::{RedisCluster, RedisServer};
-use tollgate_testkit::tollgate::{Tollgate, per_user_per_minute};
+use tollgate_testkit::redis::{RedisCluster, RedisServer, unique_prefix};
+use tollgate_testkit::target::Store;
+use tollgate_testkit::tollgate::per_user_per_minute;
+
+/// An Envoy whose descriptor is the `x-user` request header as the entry `user`, calling the RLS
+/// at `rls` with the domain `edge`.
+fn per_user_envoy(rls: SocketAddr) -> EnvoyBuilder {
+    Envoy::builder("edge", rls).descriptor(vec![Action::header("x-user", "user")])
+}
 
 fn user(name: &str) -> [(&'static str, &str); 1] {
     [("x-user", name)]
@@ -26,10 +38,8 @@ fn header_number(reply: &Reply, name: &str) -> u64 {
 /// another user is not affected.
 #[test]
 fn per_user_limit_from_a_request_header() {
-    let tollgate = Tollgate::start(&per_user_per_minute(5));
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let tollgate = InProcess::start(&per_user_per_minute(5));
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     for expected_remaining in (0..5).rev() {
         let reply = envoy.get("/", &user("alice"));
@@ -66,7 +76,7 @@ fn per_user_limit_from_a_request_header() {
 /// led by the limit with the least remaining; a window that is not a whole unit is left out.
 #[test]
 fn ratelimit_limit_header_lists_every_named_limit() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
@@ -81,8 +91,7 @@ descriptors:
     rate_limit: {name: odd_window, window: 90s, requests_per_unit: 50}
 ",
     );
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
+    let envoy = per_user_envoy(tollgate.grpc_addr())
         .descriptor(vec![Action::RemoteAddress])
         .descriptor(vec![Action::generic("global")])
         .descriptor(vec![Action::generic_keyed("path_class", "api")])
@@ -112,7 +121,7 @@ descriptors:
 /// A `generic_key` limit is shared by all traffic, whoever sends it.
 #[test]
 fn global_generic_key_limit_is_shared_by_everyone() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: generic_key
@@ -138,7 +147,7 @@ descriptors:
 /// A descriptor in shadow mode is counted but never refuses.
 #[test]
 fn shadow_mode_descriptor_counts_but_never_refuses() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
@@ -146,9 +155,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 ",
     );
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     let remaining: Vec<u64> = (0..6)
         .map(|_| {
@@ -164,13 +171,14 @@ descriptors:
 /// `--shadow-mode` makes every answer OK, whatever the limits say.
 #[test]
 fn shadow_mode_flag_never_refuses() {
-    let tollgate = Tollgate::builder()
+    let tollgate = InProcess::builder()
         .policy("edge.yaml", &per_user_per_minute(2))
-        .args(["--shadow-mode"])
+        .settings(Settings {
+            shadow_mode: true,
+            ..Settings::default()
+        })
         .start();
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     for _ in 0..6 {
         let reply = envoy.get("/", &user("frank"));
@@ -183,7 +191,7 @@ fn shadow_mode_flag_never_refuses() {
 /// rate-limit headers, while other values of the same key are limited.
 #[test]
 fn allow_listed_value_is_never_limited() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
@@ -192,9 +200,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 ",
     );
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     for _ in 0..10 {
         let reply = envoy.get("/", &user("admin"));
@@ -211,12 +217,9 @@ descriptors:
 /// rate-limit headers) when it is false, and get 500 when it is true.
 #[test]
 fn tollgate_down_follows_envoy_failure_mode() {
-    let mut tollgate = Tollgate::start(&per_user_per_minute(100));
-    let open = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
-    let closed = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
+    let mut tollgate = InProcess::start(&per_user_per_minute(100));
+    let open = per_user_envoy(tollgate.grpc_addr()).start();
+    let closed = per_user_envoy(tollgate.grpc_addr())
         .failure_mode_deny(true)
         .start();
 
@@ -225,7 +228,7 @@ fn tollgate_down_follows_envoy_failure_mode() {
     assert_eq!(header_number(&up, "x-ratelimit-remaining"), 99);
     assert_eq!(closed.get("/", &user("heidi")).status, 200);
 
-    tollgate.kill();
+    tollgate.shutdown();
 
     let down = open.get("/", &user("heidi"));
     assert_eq!(down.status, 200, "{down:?}");
@@ -238,17 +241,12 @@ fn tollgate_down_follows_envoy_failure_mode() {
 #[test]
 fn unreachable_service_follows_envoy_failure_mode() {
     let nowhere = free_addr();
-    let open = Envoy::builder("edge", nowhere)
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let open = per_user_envoy(nowhere).start();
     let reply = open.get("/", &user("ivan"));
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(reply.body, "ok");
 
-    let closed = Envoy::builder("edge", nowhere)
-        .descriptor(vec![Action::header("x-user", "user")])
-        .failure_mode_deny(true)
-        .start();
+    let closed = per_user_envoy(nowhere).failure_mode_deny(true).start();
     assert_eq!(closed.get("/", &user("ivan")).status, 500);
 }
 
@@ -315,8 +313,8 @@ fn bursts_around_an_edge(envoy: &Envoy, client: &str) -> Bursts {
     panic!("three runs in a row were too slow to bracket a window edge");
 }
 
-fn burst_setup(algorithm: &str) -> (Tollgate, Envoy) {
-    let tollgate = Tollgate::start(&format!(
+fn burst_setup(algorithm: &str) -> (InProcess, Envoy) {
+    let tollgate = InProcess::start(&format!(
         "domain: edge
 descriptors:
   - key: client
@@ -360,20 +358,17 @@ fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_log() {
 /// limit once, not once each.
 #[test]
 fn two_instances_sharing_redis_admit_the_limit_once() {
-    let redis = RedisServer::start();
     let policy = per_user_per_minute(5);
+    let prefix = unique_prefix("two-instances");
     let start = || {
-        Tollgate::builder()
+        InProcess::builder()
             .policy("edge.yaml", &policy)
-            .args(["--backend", "redis", "--redis-url", &redis.url()])
+            .store(Store::Redis(RedisServer::shared().url()))
+            .key_prefix(&prefix)
             .start()
     };
     let (first, second) = (start(), start());
-    let envoys = [first.grpc_addr(), second.grpc_addr()].map(|rls| {
-        Envoy::builder("edge", rls)
-            .descriptor(vec![Action::header("x-user", "user")])
-            .start()
-    });
+    let envoys = [first.grpc_addr(), second.grpc_addr()].map(|rls| per_user_envoy(rls).start());
 
     let statuses: Vec<u16> = (0..10)
         .map(|turn| envoys[turn % 2].get("/", &user("judy")).status)
@@ -389,7 +384,7 @@ fn two_instances_sharing_redis_admit_the_limit_once() {
 #[test]
 fn redis_outage_answers_each_limits_failure_mode() {
     let mut redis = RedisServer::start();
-    let tollgate = Tollgate::builder()
+    let tollgate = InProcess::builder()
         .policy(
             "edge.yaml",
             "domain: edge
@@ -401,11 +396,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1000, failure_mode: deny}
 ",
         )
-        .args(["--backend", "redis", "--redis-url", &redis.url()])
+        .store(Store::Redis(redis.url()))
         .start();
-    let per_user = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let per_user = per_user_envoy(tollgate.grpc_addr()).start();
     let global = Envoy::builder("edge", tollgate.grpc_addr())
         .descriptor(vec![Action::generic("global")])
         .start();
@@ -425,8 +418,7 @@ descriptors:
 /// different slots, which together never admit more than the limit.
 #[test]
 fn redis_cluster_per_user_and_sharded_global_limits() {
-    let cluster = RedisCluster::start();
-    let tollgate = Tollgate::builder()
+    let tollgate = InProcess::builder()
         .policy(
             "edge.yaml",
             "domain: edge
@@ -438,16 +430,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 8, shards: 4}
 ",
         )
-        .args([
-            "--backend",
-            "redis-cluster",
-            "--redis-url",
-            &cluster.urls().join(","),
-        ])
+        .store(Store::Cluster(RedisCluster::shared().urls()))
         .start();
-    let per_user = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let per_user = per_user_envoy(tollgate.grpc_addr()).start();
     let statuses: Vec<u16> = (0..4)
         .map(|_| per_user.get("/", &user("leo")).status)
         .collect();
