@@ -4,12 +4,12 @@
 //! Cluster under a key prefix of its own; the example deployment runs the binary (`deploy.rs`).
 
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tollgate::clock::ManualClock;
 use tollgate::limiter::Settings;
 use tollgate_testkit::envoy::{Action, Envoy, EnvoyBuilder};
 use tollgate_testkit::in_process::InProcess;
-use tollgate_testkit::net::{Reply, free_addr};
+use tollgate_testkit::net::{Reply, closed_addr};
 use tollgate_testkit::redis::{RedisCluster, RedisServer, unique_prefix};
 use tollgate_testkit::target::Store;
 use tollgate_testkit::tollgate::per_user_per_minute;
@@ -240,7 +240,7 @@ fn tollgate_down_follows_envoy_failure_mode() {
 /// With nothing ever listening where the rate-limit service should be, the same holds.
 #[test]
 fn unreachable_service_follows_envoy_failure_mode() {
-    let nowhere = free_addr();
+    let nowhere = closed_addr();
     let open = per_user_envoy(nowhere).start();
     let reply = open.get("/", &user("ivan"));
     assert_eq!(reply.status, 200, "{reply:?}");
@@ -250,108 +250,85 @@ fn unreachable_service_follows_envoy_failure_mode() {
     assert_eq!(closed.get("/", &user("ivan")).status, 500);
 }
 
-fn now_ms() -> u64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
-    u64::try_from(since_epoch.as_millis()).expect("milliseconds fit in u64")
-}
-
-fn sleep_until_ms(target: u64) {
-    let now = now_ms();
-    if target > now {
-        std::thread::sleep(Duration::from_millis(target - now));
-    }
-}
-
-const BURST_LIMIT: u64 = 5;
+const BURST_LIMIT: usize = 5;
 const BURST_WINDOW_MS: u64 = 4_000;
+/// An instant on an edge between two windows (windows are aligned to the epoch).
+const EDGE_MS: u64 = 1_700_000_000_000;
 
-/// Two bursts on either side of a window edge, as a fixed window would let through twice.
+/// A client of a `BURST_LIMIT` per `BURST_WINDOW_MS` limit of `algorithm` behind Envoy, with
+/// tollgate's clock in the test's hand: the bursts below land exactly where they are meant to,
+/// however loaded the machine.
 struct Bursts {
-    /// Requests admitted in the second burst.
-    second_admitted: u64,
-    /// How far past the edge the last request of the second burst was answered.
-    second_done_past_edge_ms: u64,
+    clock: ManualClock,
+    envoy: Envoy,
+    _tollgate: InProcess,
 }
 
-/// How long after the edge the second burst must be done for the run to say something: well
-/// inside the window that still holds the first burst.
-const SECOND_BURST_DEADLINE_MS: u64 = 1_500;
-
-/// Sends a full burst just before a window edge (aligned to the epoch, as tollgate's windows are)
-/// and another just after it. A run that a stalled machine stretches (the first burst crossing
-/// the edge, or the second ending late) is repeated at a later edge with a fresh client.
-fn bursts_around_an_edge(envoy: &Envoy, client: &str) -> Bursts {
-    for attempt in 0..3 {
-        let name = format!("{client}-{attempt}");
-        let edge = (now_ms() / BURST_WINDOW_MS + 2) * BURST_WINDOW_MS;
-        sleep_until_ms(edge - 600);
-        let first: Vec<u16> = (0..BURST_LIMIT)
-            .map(|_| envoy.get("/", &[("x-client", &name)]).status)
-            .collect();
-        if now_ms() >= edge {
-            continue;
-        }
-        assert_eq!(
-            first, [200; BURST_LIMIT as usize],
-            "the first burst fits the limit"
-        );
-        sleep_until_ms(edge + 50);
-        let second_admitted = (0..BURST_LIMIT)
-            .filter(|_| envoy.get("/", &[("x-client", &name)]).status == 200)
-            .count() as u64;
-        let second_done_past_edge_ms = now_ms() - edge;
-        if second_done_past_edge_ms > SECOND_BURST_DEADLINE_MS {
-            continue;
-        }
-        return Bursts {
-            second_admitted,
-            second_done_past_edge_ms,
-        };
-    }
-    panic!("three runs in a row were too slow to bracket a window edge");
-}
-
-fn burst_setup(algorithm: &str) -> (InProcess, Envoy) {
-    let tollgate = InProcess::start(&format!(
-        "domain: edge
+impl Bursts {
+    fn new(algorithm: &str) -> Bursts {
+        let clock = ManualClock::new(EDGE_MS);
+        let tollgate = InProcess::builder()
+            .policy(
+                "edge.yaml",
+                &format!(
+                    "domain: edge
 descriptors:
   - key: client
     rate_limit: {{requests_per_unit: {BURST_LIMIT}, window: {}s, algorithm: {algorithm}}}
 ",
-        BURST_WINDOW_MS / 1000
-    ));
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-client", "client")])
-        .start();
-    (tollgate, envoy)
+                    BURST_WINDOW_MS / 1000
+                ),
+            )
+            .clock(clock.clone())
+            .start();
+        let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+            .descriptor(vec![Action::header("x-client", "client")])
+            .start();
+        Bursts {
+            clock,
+            envoy,
+            _tollgate: tollgate,
+        }
+    }
+
+    /// Sends `BURST_LIMIT` requests at `at_ms` (relative to the edge) and answers how many
+    /// were let through.
+    fn burst(&self, at_ms: i64) -> usize {
+        self.clock.set(EDGE_MS.saturating_add_signed(at_ms));
+        (0..BURST_LIMIT)
+            .filter(|_| self.envoy.get("/", &[("x-client", "bursty")]).status == 200)
+            .count()
+    }
 }
 
-/// Sliding window counter: right after the edge the previous window still weighs almost fully,
-/// so the second burst is refused (a fixed window would admit all of it again). The estimate
-/// frees one hit per fifth of the window past the edge; the bound allows for a slow machine.
+/// Sliding window counter: a full burst just before a window edge, and right after the edge the
+/// previous window still weighs almost fully, so a second burst is refused (a fixed window would
+/// admit all of it again). The estimate frees one hit per fifth of the window past the edge.
 #[test]
 fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_counter() {
-    let (_tollgate, envoy) = burst_setup("sliding_window_counter");
-    let bursts = bursts_around_an_edge(&envoy, "counter");
-    let freed = BURST_LIMIT * bursts.second_done_past_edge_ms / BURST_WINDOW_MS;
-    assert!(
-        bursts.second_admitted <= freed,
-        "admitted {} of the second burst, {} ms past the edge (at most {freed} may be)",
-        bursts.second_admitted,
-        bursts.second_done_past_edge_ms
-    );
-    assert!(bursts.second_admitted < BURST_LIMIT);
+    let bursts = Bursts::new("sliding_window_counter");
+    assert_eq!(bursts.burst(-600), BURST_LIMIT, "the first burst fits");
+    assert_eq!(bursts.burst(50), 0, "right after the edge");
+    assert_eq!(bursts.burst(800), 1, "a fifth of the window past the edge");
 }
 
-/// Sliding window log: exact, so nothing of the second burst fits while the first is inside the
-/// window.
+/// Sliding window log: exact, so nothing of a second burst fits while the first is inside the
+/// window, and all of it once the first has left.
 #[test]
 fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_log() {
-    let (_tollgate, envoy) = burst_setup("sliding_window_log");
-    let bursts = bursts_around_an_edge(&envoy, "log");
-    assert_eq!(bursts.second_admitted, 0);
+    let bursts = Bursts::new("sliding_window_log");
+    assert_eq!(bursts.burst(-600), BURST_LIMIT, "the first burst fits");
+    assert_eq!(bursts.burst(50), 0, "right after the edge");
+    assert_eq!(
+        bursts.burst(3_399),
+        0,
+        "a millisecond before the first burst leaves"
+    );
+    assert_eq!(
+        bursts.burst(3_400),
+        BURST_LIMIT,
+        "once the first burst has left"
+    );
 }
 
 /// Two tollgate instances sharing one Redis, each behind its own Envoy: together they admit the

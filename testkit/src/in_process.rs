@@ -15,7 +15,8 @@ use tempfile::TempDir;
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tollgate::backend::Sharded;
+use tollgate::backend::{AnyBackend, MemoryBackend, Sharded};
+use tollgate::clock::ManualClock;
 use tollgate::config::Config;
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::server::{Listeners, ServeError, ServeOptions, serve};
@@ -39,6 +40,7 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct InProcessBuilder {
     policies: Policies,
     store: Store,
+    clock: Option<ManualClock>,
     key_prefix: Option<String>,
     settings: Settings,
     backend_timeout: Duration,
@@ -51,6 +53,7 @@ impl Default for InProcessBuilder {
         InProcessBuilder {
             policies: Policies::default(),
             store: Store::Memory,
+            clock: None,
             key_prefix: None,
             settings: Settings::default(),
             // Generous: a loaded machine must not turn decisions into failure-mode answers.
@@ -71,6 +74,13 @@ impl InProcessBuilder {
     /// Where the windows live (default: memory).
     pub fn store(mut self, store: Store) -> Self {
         self.store = store;
+        self
+    }
+
+    /// Decides on the memory store at the instants `clock` reads, so a test can put requests
+    /// on either side of a window edge exactly, whatever the machine's load.
+    pub fn clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
         self
     }
 
@@ -128,7 +138,13 @@ impl InProcessBuilder {
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let (served, grpc_addr, http_addr) = runtime.block_on(async {
-            let backend = self.store.connect(&prefix, self.backend_timeout).await;
+            let backend = match self.clock {
+                Some(clock) => {
+                    assert_eq!(self.store, Store::Memory, "only memory takes a clock");
+                    AnyBackend::Memory(MemoryBackend::with_clock(Arc::new(clock)))
+                }
+                None => self.store.connect(&prefix, self.backend_timeout).await,
+            };
             let limiter = Limiter::new(Arc::new(config), Sharded::new(backend), self.settings);
             let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
             let listeners = Listeners::bind(loopback, loopback)
