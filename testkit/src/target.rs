@@ -22,7 +22,7 @@ use tollgate::config::Config;
 use tollgate::limiter::{Limiter, Settings};
 
 use crate::backends::{ClockedRedis, ForceShards, TestBackend};
-use crate::net::free_addr;
+use crate::net::closed_addr;
 use crate::redis::{RedisCluster, RedisServer, unique_prefix};
 
 /// The deadline of one backend call in tests about semantics: generous, so that a loaded machine
@@ -238,9 +238,9 @@ impl Target {
         Target::new(self.name, self.mode, servers)
     }
 
-    /// The same kind of store and mode where nothing listens.
+    /// The same kind of store and mode where nothing listens (connections are refused).
     pub fn unreachable(&self) -> Target {
-        let nowhere = format!("redis://{}", free_addr());
+        let nowhere = format!("redis://{}", closed_addr());
         let store = match &self.store {
             Store::Memory => panic!("{}: memory is always reachable", self.name),
             Store::Redis(_) => Store::Redis(nowhere),

@@ -807,9 +807,10 @@ async fn backend_outage_then_recovery(t: &Target) {
     let lenient = outage_limiter(&outage, FailureMode::Allow).await;
     let strict = outage_limiter(&outage, FailureMode::Deny).await;
 
+    // Working: a deny limit says OK only when the backend decided. (With the production
+    // deadline a loaded machine may time a call out, which is what the failure mode is for.)
     let v = fresh("outage");
-    let before = ask_one(&strict, d(&[("fail_deny", &v)])).await;
-    assert_eq!(before.overall, Code::Ok, "{}: {before:?}", t.name());
+    until_decided(&strict, "fail_deny", &v, |s| s.code == Code::Ok).await;
     tokio::task::block_in_place(|| outage.stop());
     assert_failure_answers(&lenient, FailureMode::Allow, &v).await;
     assert_failure_answers(&strict, FailureMode::Deny, &v).await;

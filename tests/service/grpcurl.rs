@@ -4,15 +4,16 @@
 
 use std::net::SocketAddr;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tollgate::proto::RLS_SERVICE_NAME as RLS;
 use tollgate_testkit::in_process::InProcess;
-use tollgate_testkit::net::{agent, free_addr, send};
+use tollgate_testkit::net::{agent, closed_addr, send};
 use tollgate_testkit::rls::channel;
 use tollgate_testkit::target::Store;
 use tollgate_testkit::tollgate::{LIVENESS, per_user_per_minute};
 use tollgate_testkit::tools::grpcurl_bin;
+use tollgate_testkit::wait;
 
 fn start() -> InProcess {
     InProcess::start(&per_user_per_minute(5))
@@ -137,7 +138,7 @@ fn assert_health(addr: SocketAddr, service: &str, status: &str) {
 /// NOT_SERVING), so an outage takes it out of rotation without restarting it.
 #[test]
 fn grpcurl_health_tells_liveness_from_readiness_while_redis_is_down() {
-    let nowhere = format!("redis://{}", free_addr());
+    let nowhere = format!("redis://{}", closed_addr());
     let tollgate = InProcess::builder()
         .policy("edge.yaml", &per_user_per_minute(5))
         .store(Store::Redis(nowhere))
@@ -146,15 +147,10 @@ fn grpcurl_health_tells_liveness_from_readiness_while_redis_is_down() {
 
     // Past the first backend probe, so the answers below describe the outage, not the start.
     let http = agent();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    wait::until("a failed backend probe", Duration::from_secs(10), || {
         let reply = send(&http, "GET", &tollgate.url("/healthcheck"), &[], None);
-        if reply.status == 503 && !reply.body.contains("not probed yet") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no failed probe yet: {reply:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        reply.status == 503 && !reply.body.contains("not probed yet")
+    });
 
     assert_health(addr, LIVENESS, "SERVING");
     for service in [RLS, ""] {
