@@ -59,6 +59,12 @@ descriptors:
 }
 
 /// What to start: policy files and extra `serve` flags.
+///
+/// Three defaults differ from `tollgate serve`'s, set through the environment so that a flag
+/// given here wins: listeners on `127.0.0.1:0`, a 5 s `--backend-timeout` (the production 50 ms
+/// turns decisions into failure-mode answers on a loaded test machine; pass it explicitly to
+/// measure with it), and a `--key-prefix` no other instance of this process uses (pass one to
+/// make instances share counts).
 #[derive(Debug, Default, Clone)]
 pub struct TollgateBuilder {
     policies: Policies,
