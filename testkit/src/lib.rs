@@ -30,8 +30,8 @@ pub mod wait;
 /// ```ignore
 /// tollgate_testkit::cases! {
 ///     statuses_follow_request_order: exact;
-///     rejected_hits_consume_nothing: every;
-///     scripts_survive_a_flush: [redis, redis_cluster];
+///     concurrent_instances_never_exceed_the_limit: every;
+///     script_flush_is_survived: [redis, redis_cluster];
 /// }
 /// ```
 ///
