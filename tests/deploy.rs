@@ -18,7 +18,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use tollgate_testkit::envoy::Envoy;
 use tollgate_testkit::net::{Reply, free_addr};
-use tollgate_testkit::tollgate::{Tollgate, health_status, tollgate_bin};
+use tollgate_testkit::rls::health_status;
+use tollgate_testkit::tollgate::{Tollgate, tollgate_bin};
 use tollgate_testkit::tools::{envoy_bin, manifest_dir};
 
 fn repo_path(relative: &str) -> PathBuf {
