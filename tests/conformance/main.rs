@@ -1,4 +1,4 @@
-//! The conformance suite: the behaviour design §3 promises, written once and run against every
+//! The conformance suite: tollgate's decision semantics, written once and run against every
 //! target (a store and a mode, see `tollgate_testkit::target`): process memory, one real
 //! `redis-server` and a real Redis Cluster of three masters and three replicas, each as
 //! `tollgate serve` composes it and with every limit split over shards.
