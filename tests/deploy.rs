@@ -774,3 +774,71 @@ fn docker_build_context_has_what_cargo_build_reads() {
         }
     }
 }
+
+/// The features each crate of the service is built with, as `cargo tree` resolves them for one
+/// selection of the workspace: `(crate and version, features)`.
+fn resolved_features(args: &[&str]) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["tree", "--offline", "--prefix", "none", "-f", "{p} {f}"])
+        .args(args)
+        .current_dir(manifest_dir())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        output.status.success(),
+        "cargo tree {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut features = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.len() < 2 || line.ends_with("(*)") {
+            continue;
+        }
+        let set = features
+            .entry(format!("{} {}", words[0], words[1]))
+            .or_default();
+        if let Some(last) = words.last().filter(|w| words.len() > 2 && !w.starts_with('(')) {
+            set.extend(last.split(',').map(String::from));
+        }
+    }
+    features
+}
+
+/// The test suite builds the whole workspace with its dev-dependencies; the README's
+/// `cargo run --release` builds the service alone, and docs/performance.md's
+/// `cargo build --release --workspace --bins` every binary. When any crate of the service
+/// resolves to other features in one of them, that command rebuilds the service inside the test
+/// run (minutes on a small machine). The service's manifest names those features itself.
+#[test]
+fn every_workspace_build_resolves_the_service_with_the_same_features() {
+    let service = resolved_features(&["-p", "tollgate", "-e", "normal,build"]);
+    let selections: [(&str, &[&str]); 2] = [
+        (
+            "cargo test --workspace --all-targets",
+            &["--workspace", "-e", "normal,build,dev"],
+        ),
+        (
+            "cargo build --workspace --bins",
+            &["--workspace", "-e", "normal,build"],
+        ),
+    ];
+    for (what, args) in selections {
+        let wider = resolved_features(args);
+        let differing: Vec<String> = service
+            .iter()
+            .filter_map(|(krate, features)| {
+                let other = wider.get(krate)?;
+                (other != features).then(|| {
+                    let extra: Vec<&String> = other.difference(features).collect();
+                    format!("{krate}: {extra:?}")
+                })
+            })
+            .collect();
+        assert!(
+            differing.is_empty(),
+            "`{what}` turns on features the service alone does not; add them to the service's \
+             [dependencies] so one build serves both: {differing:#?}"
+        );
+    }
+}
