@@ -43,7 +43,7 @@ const NOT_RUN: &[(&str, &str)] = &[("scripts/test", "it is the command that runs
 /// How long a service start may take: `cargo run` may have to build the binary first.
 const SERVER_START: Duration = Duration::from_secs(600);
 /// How long one ordinary command may take.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long the service may take to drain and exit after SIGTERM.
 const SERVER_STOP: Duration = Duration::from_secs(30);
 
