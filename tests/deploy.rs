@@ -774,3 +774,68 @@ fn docker_build_context_has_what_cargo_build_reads() {
         }
     }
 }
+
+/// The feature sets each crate is built with, as `cargo tree` resolves them for one selection of
+/// the workspace without dev-dependencies: crate and version → every distinct set it is compiled
+/// with (a crate built for the host, as a build or proc-macro dependency, and for the target
+/// appears with both).
+fn resolved_features(args: &[&str]) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal,build",
+            "--prefix",
+            "none",
+        ])
+        .args(["-f", "{p} {f}"])
+        .args(args)
+        .current_dir(manifest_dir())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        output.status.success(),
+        "cargo tree {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut features = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let words: Vec<&str> = line.trim_end_matches(" (*)").split_whitespace().collect();
+        if words.len() < 2 {
+            continue;
+        }
+        let set = match words.last() {
+            Some(last) if words.len() > 2 && !last.starts_with('(') => last.to_string(),
+            _ => String::new(),
+        };
+        features
+            .entry(format!("{} {}", words[0], words[1]))
+            .or_default()
+            .insert(set);
+    }
+    features
+}
+
+/// The README's `cargo run --release` builds the service alone; docs/performance.md's
+/// `cargo build --release --workspace --bins` (which scripts/test runs before the suite) builds
+/// every binary. If any crate of the service resolved to other features in the second, the first
+/// would compile the service again inside the docs test (minutes on a small machine).
+#[test]
+fn the_service_alone_and_the_workspace_binaries_share_one_build() {
+    let alone = resolved_features(&["-p", "tollgate"]);
+    let workspace = resolved_features(&["--workspace"]);
+    let differing: Vec<String> = alone
+        .iter()
+        .filter_map(|(krate, variants)| {
+            let wider = workspace.get(krate)?;
+            (wider != variants)
+                .then(|| format!("{krate}: {variants:?} alone, {wider:?} in the workspace"))
+        })
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "the workspace turns on features the service alone does not; add them to the service's \
+         [dependencies] so one build serves both: {differing:#?}"
+    );
+}
