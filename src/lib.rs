@@ -81,4 +81,5 @@ pub mod descriptor;
 pub mod limiter;
 pub mod proto;
 pub mod server;
+pub mod settings;
 pub mod window;
