@@ -91,7 +91,7 @@ impl Listeners {
         let http = bind(addrs.http).await?;
         let metrics = match addrs.metrics {
             // The metrics are on the admin listener already.
-            Some(addr) if addr == addrs.http => None,
+            Some(addr) if addr == addrs.http && addr.port() != 0 => None,
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };

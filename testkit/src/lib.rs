@@ -6,9 +6,12 @@
 //! processes are started by [`process::spawn`], which ties them to this process: they die with
 //! it however it ends, and a test run never leaves servers behind.
 
+pub mod certs;
 pub mod envoy;
+pub mod mount;
 pub mod net;
 pub mod process;
 pub mod redis;
+pub mod reference;
 pub mod tollgate;
 pub mod tools;
