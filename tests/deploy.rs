@@ -18,7 +18,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use tollgate_testkit::envoy::Envoy;
 use tollgate_testkit::net::{Reply, free_addr};
-use tollgate_testkit::tollgate::{Tollgate, health_status, tollgate_bin};
+use tollgate_testkit::rls::health_status;
+use tollgate_testkit::tollgate::{Tollgate, tollgate_bin};
 use tollgate_testkit::tools::{envoy_bin, manifest_dir};
 
 fn repo_path(relative: &str) -> PathBuf {
@@ -680,7 +681,8 @@ fn dockerfile_builds_a_small_static_non_root_image() {
     // The reference's entry point: the same binary at /bin/ratelimit (its name selects the
     // reference's defaults), with no image-wide variable that would override its RUNTIME_*.
     assert!(
-        keyword_args("COPY").contains(&format!("--from={build_stage} /tollgate /bin/ratelimit").as_str()),
+        keyword_args("COPY")
+            .contains(&format!("--from={build_stage} /tollgate /bin/ratelimit").as_str()),
         "/bin/ratelimit"
     );
     assert!(

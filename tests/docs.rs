@@ -21,6 +21,9 @@
 //!
 //! A document may not hide a command in a `sh`/`bash`/`shell` block, where it would never run.
 //! The only command not run is `scripts/test`, which is the command running this test.
+//! Benchmark commands run at smoke scale (`TOLLGATE_BENCH_QUICK=1`, the same as their `--quick`
+//! flag, which also keeps their results out of `docs/`): what is checked is that each documented
+//! command works, not what it measures.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -258,6 +261,7 @@ impl Session {
             .env("TOLLGATE_GRPC_ADDR", "127.0.0.1:0")
             .env("TOLLGATE_HTTP_ADDR", "127.0.0.1:0")
             .env("NO_COLOR", "1")
+            .env("TOLLGATE_BENCH_QUICK", "1")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null());
         shell
@@ -445,11 +449,16 @@ fn run_document(doc: &str) {
 }
 
 /// The documents with a test below; `every_document_is_run` keeps this list whole.
-const DOCUMENTS: &[&str] = &["README.md"];
+const DOCUMENTS: &[&str] = &["README.md", "docs/performance.md"];
 
 #[test]
 fn readme() {
     run_document("README.md");
+}
+
+#[test]
+fn performance() {
+    run_document("docs/performance.md");
 }
 
 #[test]

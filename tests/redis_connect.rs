@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use tollgate_testkit::certs::{Ca, Usage};
 use tollgate_testkit::net::{agent, send};
-use tollgate_testkit::redis::{RedisServer, SentinelGroup, wait_until};
+use tollgate_testkit::redis::{RedisServer, SentinelGroup};
 use tollgate_testkit::reference::{Ratelimit, RatelimitBuilder};
+use tollgate_testkit::wait;
 
 const POLICY: &str = "domain: rl
 descriptors:
@@ -19,7 +20,9 @@ descriptors:
 ";
 
 fn request(key: &str, value: &str) -> String {
-    format!(r#"{{"domain":"rl","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#)
+    format!(
+        r#"{{"domain":"rl","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    )
 }
 
 /// `ratelimit` on free loopback ports with [`POLICY`] in a runtime directory it reads.
@@ -67,7 +70,7 @@ fn decides_through_redis(ratelimit: &Ratelimit, user: &str) {
 fn settled_health(ratelimit: &Ratelimit) -> (u16, String) {
     let client = agent();
     let mut last = (0, String::new());
-    wait_until("a health verdict", Duration::from_secs(30), || {
+    wait::until("a health verdict", Duration::from_secs(30), || {
         let reply = send(&client, "GET", &ratelimit.url("/healthcheck"), &[], None);
         last = (reply.status, reply.body);
         !last.1.contains("not probed yet")
@@ -98,7 +101,10 @@ fn tls_with_a_client_certificate_and_a_private_ca() {
         .env("REDIS_TLS_CLIENT_KEY", key.display().to_string())
         .start_healthy();
     decides_through_redis(&ratelimit, "tls");
-    assert!(!redis.keys("tollgate:*").is_empty(), "no key written over TLS");
+    assert!(
+        !redis.keys("tollgate:*").is_empty(),
+        "no key written over TLS"
+    );
 
     // Without the client certificate the server refuses the handshake: never healthy.
     let refused = tls(ratelimit_for_refusal(&policies)).start();
@@ -163,7 +169,10 @@ fn a_unix_socket_and_a_per_second_redis() {
         .env("REDIS_URL", &socket_text)
         .env("REDIS_PERSECOND", "true")
         .env("REDIS_PERSECOND_SOCKET_TYPE", "tcp")
-        .env("REDIS_PERSECOND_URL", format!("127.0.0.1:{}", per_second.port()))
+        .env(
+            "REDIS_PERSECOND_URL",
+            format!("127.0.0.1:{}", per_second.port()),
+        )
         .start_healthy();
     decides_through_redis(&ratelimit, "unix");
     let client = agent();
@@ -178,7 +187,10 @@ fn a_unix_socket_and_a_per_second_redis() {
     // Minute windows live in the main Redis (over the socket), one-second windows in the other.
     let main_keys = main.keys("tollgate:*");
     let per_second_keys = per_second.keys("tollgate:*");
-    assert!(main_keys.iter().all(|k| k.contains("user")) && !main_keys.is_empty(), "{main_keys:?}");
+    assert!(
+        main_keys.iter().all(|k| k.contains("user")) && !main_keys.is_empty(),
+        "{main_keys:?}"
+    );
     assert!(
         per_second_keys.iter().all(|k| k.contains("burst")) && !per_second_keys.is_empty(),
         "{per_second_keys:?}"
@@ -261,7 +273,10 @@ descriptors:
     // follow it, decisions are acknowledged again).
     let deadline = Instant::now() + Duration::from_secs(90);
     while !answers.ends_with(&[Answer::Refused; 20]) {
-        assert!(Instant::now() < deadline, "the limit was never reached: {answers:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the limit was never reached: {answers:?}"
+        );
         answers.push(ask());
     }
     let admitted = answers.iter().filter(|a| **a == Answer::Admitted).count();

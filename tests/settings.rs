@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tollgate_testkit::mount::Mount;
 use tollgate_testkit::net::{agent, send};
-use tollgate_testkit::redis::{RedisServer, wait_until};
+use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::reference::Ratelimit;
 use tollgate_testkit::tollgate::tollgate_bin;
+use tollgate_testkit::wait;
 
 const REQUEST: &str =
     r#"{"domain":"rl","descriptors":[{"entries":[{"key":"foo","value":"bar"}]}]}"#;
@@ -81,7 +82,7 @@ fn the_references_example_setup_serves_and_reloads_its_config_map() {
         ("config.yaml", raised.as_bytes()),
         ("example", EXAMPLE.as_bytes()),
     ]);
-    wait_until("the raised limit to load", Duration::from_secs(30), || {
+    wait::until("the raised limit to load", Duration::from_secs(30), || {
         rlconfig().contains("50  minute")
     });
     assert_eq!(decide(), 200);
@@ -90,7 +91,7 @@ fn the_references_example_setup_serves_and_reloads_its_config_map() {
         ("config.yaml", b"domain: rl\ndescriptors: [oops"),
         ("example", EXAMPLE.as_bytes()),
     ]);
-    wait_until(
+    wait::until(
         "the failed reload to be logged",
         Duration::from_secs(30),
         || ratelimit.log().contains("config reload failed"),

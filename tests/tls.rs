@@ -19,9 +19,10 @@ use tollgate_testkit::certs::{Ca, Issued, Usage, presented_certificate};
 use tollgate_testkit::envoy::{Action, Envoy};
 use tollgate_testkit::mount::Mount;
 use tollgate_testkit::net::{agent, send};
-use tollgate_testkit::redis::{RedisServer, wait_until};
+use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::reference::{Ratelimit, RatelimitBuilder};
 use tollgate_testkit::tools::grpcurl_bin;
+use tollgate_testkit::wait;
 
 /// The server name Envoy Gateway's certificate for the rate-limit service carries.
 const SERVICE_NAME: &str = "envoy-ratelimit.envoy-gateway-system.svc.cluster.local";
@@ -339,7 +340,7 @@ fn rotating_the_server_certificate_in_place_keeps_serving() {
     assert_ne!(renewed.cert_der, before);
     let files = secret(&renewed, &pod.ca);
     pod.certs.update(&files);
-    wait_until(
+    wait::until(
         "new connections to be served the renewed certificate",
         Duration::from_secs(30),
         || {

@@ -1,34 +1,86 @@
-//! `tollgate-bench`: a load generator for any Envoy RLS v3 gRPC server (tollgate or another).
+//! `tollgate-bench`: tollgate's one benchmark tool.
 //!
-//! It keeps a fixed number of HTTP/2 connections and in-flight calls, draws descriptor values
-//! from a uniform or Zipf key space, and reports decisions per second, outcome counts and an HDR
-//! latency histogram. See `tollgate-bench --help`.
+//! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
+//! `hotkey`, `attack`) start what they need (tollgate as a process, Redis and a Redis Cluster
+//! through the testkit, redis-benchmark for the ceilings), measure, keep every run as a JSON
+//! line in `target/bench/`, and print their report section; `report` runs several of them and
+//! writes `docs/performance.md`. See `tollgate-bench --help`.
 
-mod args;
-mod keys;
+mod ceiling;
+mod doc;
 mod load;
+mod machine;
+mod proc;
 mod report;
+mod scenario;
+mod stand;
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::Context;
-use clap::Parser;
-use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use clap::{Parser, Subcommand};
 
-use crate::args::{Args, Distribution, Stop};
-use crate::keys::KeySampler;
-use crate::load::{Load, Shape};
-use crate::report::Report;
+use crate::load::args::LoadArgs;
+use crate::report::ReportArgs;
+use crate::scenario::attack::{Attack, AttackOptions};
+use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
+use crate::scenario::matrix::{Matrix, MatrixOptions};
+use crate::scenario::{Bench, ScaleArgs, Scenario};
 
-/// How long to wait for each connection to the target before giving up.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// tollgate's benchmarks: a load generator for any RLS v3 server, and scenarios that start
+/// tollgate and Redis themselves and report how fast it decides.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Send load to any Envoy RLS v3 (`envoy.service.ratelimit.v3.RateLimitService`) server and
+    /// report decisions per second, outcomes and latency.
+    ///
+    /// Every run is bounded: by `--requests`, or by `--duration` (10 s when neither is given).
+    /// With `--rate` the load is open loop: calls are scheduled at fixed intervals, and a call
+    /// sent late because every in-flight slot was busy is timed from its scheduled time, so a
+    /// stalled server is not hidden by the generator waiting for it (coordinated omission).
+    /// Without `--rate`, every in-flight slot sends its next call as soon as the previous one
+    /// returns (closed loop). Latency covers answered calls; failed calls are counted by code.
+    Load(LoadArgs),
+
+    /// Backend × algorithm × shards × concurrency: the closed-loop peak and the latency at half
+    /// of it, beside the redis-benchmark ceiling of the same script.
+    Matrix {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: MatrixOptions,
+    },
+
+    /// One hot limit on the Redis Cluster, unsharded and sharded: throughput, and how the
+    /// script calls spread over the masters.
+    Hotkey {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: HotkeyOptions,
+    },
+
+    /// One key hammered far over its limit: decisions per second and script calls per refusal.
+    Attack {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: AttackOptions,
+    },
+
+    /// Run scenarios and write their results into docs/performance.md.
+    Report(ReportArgs),
+}
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
+    let cli = Cli::parse();
+    match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tollgate-bench: {error:#}");
@@ -37,72 +89,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> anyhow::Result<()> {
-    let sampler = match args.distribution {
-        Distribution::Uniform => KeySampler::uniform(args.keys),
-        Distribution::Zipf => KeySampler::zipf(args.keys, args.zipf_exponent)?,
-    };
-    let shape = Arc::new(Shape {
-        domain: args.domain.clone(),
-        entry_keys: (0..args.descriptors).map(|i| args.entry_key(i)).collect(),
-        sampler,
-        hits_addend: args.hits_addend,
-        descriptor_hits_addend: args.descriptor_hits_addend,
-    });
-
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    runtime.enable_all();
-    if let Some(threads) = args.threads {
-        runtime.worker_threads(threads as usize);
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Load(args) => load::run(&args),
+        Command::Matrix { scale, options } => run_one(&scale, &Matrix::new(options)),
+        Command::Hotkey { scale, options } => run_one(&scale, &Hotkey::new(options)),
+        Command::Attack { scale, options } => run_one(&scale, &Attack::new(options)),
+        Command::Report(args) => report::run(&args),
     }
-    let runtime = runtime.build().context("starting the runtime")?;
-
-    let measured = runtime.block_on(async {
-        let load = Load {
-            clients: connect(&args.target, args.connections).await?,
-            concurrency: args.concurrency,
-            rate: args.rate,
-            timeout: args.timeout,
-            shape,
-            seed: args.seed.unwrap_or_else(|| fastrand::u64(..)),
-        };
-        if !args.warmup.is_zero() {
-            load.run(Stop::After(args.warmup), 0).await?;
-        }
-        load.run(args.stop(), 1).await
-    })?;
-
-    let report = Report { args, measured };
-    if args.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.to_text());
-    }
-    Ok(())
 }
 
-/// Opens `connections` separate HTTP/2 connections to `target` (each endpoint connects on its
-/// own, so calls really are spread over that many TCP connections).
-async fn connect(
-    target: &str,
-    connections: u32,
-) -> anyhow::Result<Vec<RateLimitServiceClient<Channel>>> {
-    let uri = if target.contains("://") {
-        target.to_owned()
-    } else {
-        format!("http://{target}")
-    };
-    let endpoint = Endpoint::from_shared(uri)
-        .with_context(|| format!("`{target}` is not a valid target URI"))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true);
-    let mut clients = Vec::with_capacity(connections as usize);
-    for _ in 0..connections {
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("cannot connect to {target}"))?;
-        clients.push(RateLimitServiceClient::new(channel));
-    }
-    Ok(clients)
+/// Runs one scenario and prints its report section.
+fn run_one(scale: &ScaleArgs, scenario: &dyn Scenario) -> anyhow::Result<()> {
+    let mut bench = Bench::new(scale.scale(), &scale.results_dir())?;
+    let records = bench.run(scenario)?;
+    print!("{}", scenario.render(&records)?);
+    Ok(())
 }

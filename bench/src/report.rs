@@ -1,208 +1,142 @@
-//! The run's report, as human text or one JSON object.
+//! `tollgate-bench report`: runs the chosen scenarios and writes `docs/performance.md`.
+//!
+//! The document has one generated section per scenario and one describing the machine, each
+//! between marker comments; everything outside them is written by hand and kept as it is. A
+//! section whose scenario did not run this time keeps its earlier contents.
 
-use std::fmt::Write as _;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use anyhow::Context;
+use serde_json::Value;
 
-use crate::args::{Args, Stop};
-use crate::load::Measured;
+use crate::doc::{begin_marker, end_marker, load, splice};
+use crate::machine::Conditions;
+use crate::scenario::{Bench, ScaleArgs, ScenarioName, conditions_of, read_records, scenario};
 
-/// Latency percentiles of answered calls, in nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Latency {
-    /// Fastest call.
-    pub min: u64,
-    /// Arithmetic mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: u64,
-    /// 90th percentile.
-    pub p90: u64,
-    /// 99th percentile.
-    pub p99: u64,
-    /// 99.9th percentile.
-    pub p99_9: u64,
-    /// Slowest call.
-    pub max: u64,
+/// The flags of `report`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// Scenarios to run, comma-separated; each is run with its default options.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = ScenarioName::ALL)]
+    pub scenarios: Vec<ScenarioName>,
+
+    /// How long and how often to measure.
+    #[command(flatten)]
+    pub scale: ScaleArgs,
+
+    /// The report to write; its hand-written parts are kept [default: docs/performance.md, or
+    /// with --quick performance.md in the results directory: smoke numbers do not belong in the
+    /// docs].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    /// Do not measure: write the report from the results an earlier run left in --results-dir.
+    #[arg(long)]
+    pub render_only: bool,
 }
 
-/// Everything a run reports.
-#[derive(Debug)]
-pub struct Report<'a> {
-    /// What was asked for.
-    pub args: &'a Args,
-    /// What happened in the measured phase.
-    pub measured: Measured,
-}
-
-impl Report<'_> {
-    fn latency(&self) -> Latency {
-        let histogram = &self.measured.tally.latency;
-        if histogram.is_empty() {
-            return Latency {
-                min: 0,
-                mean: 0.0,
-                p50: 0,
-                p90: 0,
-                p99: 0,
-                p99_9: 0,
-                max: 0,
-            };
+impl ReportArgs {
+    /// Where the report goes.
+    pub fn out(&self) -> PathBuf {
+        match &self.out {
+            Some(out) => out.clone(),
+            None if self.scale.quick => self.scale.results_dir().join("performance.md"),
+            None => tollgate_testkit::tools::manifest_dir().join("docs/performance.md"),
         }
-        Latency {
-            min: histogram.min(),
-            mean: histogram.mean(),
-            p50: histogram.value_at_quantile(0.50),
-            p90: histogram.value_at_quantile(0.90),
-            p99: histogram.value_at_quantile(0.99),
-            p99_9: histogram.value_at_quantile(0.999),
-            max: histogram.max(),
-        }
-    }
-
-    fn per_second(&self, count: u64) -> f64 {
-        let seconds = self.measured.elapsed.as_secs_f64();
-        if seconds > 0.0 {
-            count as f64 / seconds
-        } else {
-            0.0
-        }
-    }
-
-    fn requests(&self) -> u64 {
-        self.measured.tally.decisions() + self.measured.tally.error_count()
-    }
-
-    fn mode(&self) -> &'static str {
-        if self.args.rate.is_some() {
-            "open"
-        } else {
-            "closed"
-        }
-    }
-
-    /// The report as one JSON object; latencies in microseconds.
-    pub fn to_json(&self) -> Value {
-        let tally = &self.measured.tally;
-        let latency = self.latency();
-        let micros = |nanos: u64| nanos as f64 / 1_000.0;
-        let (duration, requests) = match self.args.stop() {
-            Stop::After(duration) => (Some(duration.as_secs_f64()), None),
-            Stop::Count(count) => (None, Some(count)),
-        };
-        json!({
-            "target": self.args.target,
-            "mode": self.mode(),
-            "target_rate": self.args.rate,
-            "connections": self.args.connections,
-            "concurrency": self.args.concurrency,
-            "duration_seconds": duration,
-            "requested": requests,
-            "warmup_seconds": self.args.warmup.as_secs_f64(),
-            "domain": self.args.domain,
-            "descriptors": self.args.descriptors,
-            "keys": self.args.keys,
-            "distribution": self.args.distribution.name(),
-            "zipf_exponent": self.args.zipf_exponent,
-            "hits_addend": self.args.hits_addend,
-            "descriptor_hits_addend": self.args.descriptor_hits_addend,
-            "elapsed_seconds": self.measured.elapsed.as_secs_f64(),
-            "requests": self.requests(),
-            "ok": tally.ok,
-            "over_limit": tally.over_limit,
-            "unknown": tally.unknown,
-            "errors": tally.error_count(),
-            "errors_by_code": tally.errors,
-            "decisions": tally.decisions(),
-            "decisions_per_second": self.per_second(tally.decisions()),
-            "requests_per_second": self.per_second(self.requests()),
-            "latency_us": {
-                "min": micros(latency.min),
-                "mean": latency.mean / 1_000.0,
-                "p50": micros(latency.p50),
-                "p90": micros(latency.p90),
-                "p99": micros(latency.p99),
-                "p99_9": micros(latency.p99_9),
-                "max": micros(latency.max),
-            },
-        })
-    }
-
-    /// The report as a few lines of text.
-    pub fn to_text(&self) -> String {
-        let tally = &self.measured.tally;
-        let latency = self.latency();
-        let mut text = String::new();
-        let rate = match self.args.rate {
-            Some(rate) => format!("open loop at {rate} calls/s"),
-            None => "closed loop".to_owned(),
-        };
-        // Writing to a String cannot fail.
-        let _ = writeln!(
-            text,
-            "target {}: {rate}, {} connection(s), {} in flight, {} descriptor(s) over {} {} key(s)",
-            self.args.target,
-            self.args.connections,
-            self.args.concurrency,
-            self.args.descriptors,
-            self.args.keys,
-            self.args.distribution.name(),
-        );
-        let _ = writeln!(
-            text,
-            "{} calls in {}: {:.0} decisions/s",
-            self.requests(),
-            human_duration(self.measured.elapsed),
-            self.per_second(tally.decisions()),
-        );
-        let _ = writeln!(
-            text,
-            "  OK {}  OVER_LIMIT {}  UNKNOWN {}  errors {}",
-            tally.ok,
-            tally.over_limit,
-            tally.unknown,
-            tally.error_count(),
-        );
-        for (code, count) in &tally.errors {
-            let _ = writeln!(text, "    {code}: {count}");
-        }
-        let _ = writeln!(
-            text,
-            "latency  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
-            human_nanos(latency.p50),
-            human_nanos(latency.p90),
-            human_nanos(latency.p99),
-            human_nanos(latency.p99_9),
-            human_nanos(latency.max),
-        );
-        text
     }
 }
 
-fn human_nanos(nanos: u64) -> String {
-    human_duration(Duration::from_nanos(nanos))
-}
+/// The name of the generated section describing the machine.
+const MACHINE: &str = "machine";
 
-fn human_duration(duration: Duration) -> String {
-    let nanos = duration.as_nanos();
-    if nanos < 1_000_000 {
-        format!("{:.1}µs", nanos as f64 / 1e3)
-    } else if nanos < 1_000_000_000 {
-        format!("{:.2}ms", nanos as f64 / 1e6)
+/// Runs `report`.
+pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
+    let mut results: Vec<(ScenarioName, Vec<Value>)> = Vec::new();
+    if args.render_only {
+        for &name in &args.scenarios {
+            results.push((name, read_records(&args.scale.results_dir(), name)?));
+        }
     } else {
-        format!("{:.2}s", nanos as f64 / 1e9)
+        let mut bench = Bench::new(args.scale.scale(), &args.scale.results_dir())?;
+        for &name in &args.scenarios {
+            let records = bench.run(scenario(name).as_ref())?;
+            results.push((name, records));
+        }
     }
+    let out = args.out();
+    write(&out, &results)?;
+    crate::scenario::say(&format!("wrote {}", out.display()));
+    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_naturally() {
-        assert_eq!(human_nanos(312_400), "312.4µs");
-        assert_eq!(human_nanos(1_234_000), "1.23ms");
-        assert_eq!(human_nanos(2_500_000_000), "2.50s");
+/// Writes the sections of `results` into the document at `path`, creating it when missing.
+pub fn write(path: &Path, results: &[(ScenarioName, Vec<Value>)]) -> anyhow::Result<()> {
+    let mut doc = match std::fs::read_to_string(path) {
+        Ok(doc) => doc,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => skeleton(),
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    };
+    let conditions: Vec<Conditions> = results
+        .iter()
+        .map(|(_, records)| conditions_of(records))
+        .collect::<anyhow::Result<_>>()?;
+    if !conditions.is_empty() {
+        doc = splice(&doc, MACHINE, &machine_section(&conditions));
     }
+    for (name, records) in results {
+        let section = scenario(*name)
+            .render(records)
+            .with_context(|| format!("writing the {} section", name.name()))?;
+        doc = splice(&doc, name.name(), &section);
+    }
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, doc).with_context(|| format!("writing {}", path.display()))
+}
+
+/// A new report: a title and the generated sections in order.
+fn skeleton() -> String {
+    let mut doc = String::from("# Performance\n\nWritten by `tollgate-bench report`.\n");
+    for name in std::iter::once(MACHINE).chain(ScenarioName::ALL.iter().map(|s| s.name())) {
+        doc.push_str(&format!("\n{}\n{}\n", begin_marker(name), end_marker(name)));
+    }
+    doc
+}
+
+/// The machine the scenarios of this report ran on, and how busy it was.
+fn machine_section(conditions: &[Conditions]) -> String {
+    let first = &conditions[0];
+    let machine = &first.machine;
+    let last = &conditions[conditions.len() - 1];
+    let model = if machine.model.is_empty() {
+        "unknown CPU".to_owned()
+    } else if machine.hypervisor.is_empty() {
+        machine.model.clone()
+    } else {
+        format!("{}, {} guest", machine.model, machine.hypervisor)
+    };
+    format!(
+        "- {} CPUs ({model}), {} GiB, Linux {}; {}; {}; tollgate `{}` ({} build).\n\
+         - **{} cores shared by everything.** The load generator (in `tollgate-bench`), tollgate \
+         and every Redis process (one server, or the six nodes of the cluster) run on the same \
+         cores, so every number includes the cost of generating the load, and other jobs on the \
+         machine run at the same time (load average {} when the first scenario started, {} when \
+         the last ended). Absolute numbers are rough; ratios of numbers measured in the same run \
+         are what to compare.\n",
+        machine.cpus,
+        machine.memory_gib,
+        machine.kernel,
+        if machine.redis.is_empty() {
+            "Redis version unknown"
+        } else {
+            machine.redis.as_str()
+        },
+        machine.rustc,
+        machine.commit,
+        machine.profile,
+        machine.cpus,
+        load(first.load_start),
+        load(last.load_end),
+    )
 }

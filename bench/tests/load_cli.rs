@@ -1,4 +1,4 @@
-//! Runs the `tollgate-bench` binary against a small in-process RLS v3 server that answers OK and
+//! Runs `tollgate-bench load` against a small in-process RLS v3 server that answers OK and
 //! OVER_LIMIT alternately, and checks what it reports against what the server saw.
 
 use std::net::SocketAddr;
@@ -130,6 +130,7 @@ impl Drop for PeerServer {
 async fn bench(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+            .arg("load")
             .args(&args)
             .output()
             .unwrap()

@@ -78,13 +78,15 @@ impl Health {
             state.config_error = config_error;
             changed
         };
+        // Only a change is published: every publish reaches each open health Watch stream as
+        // a message, and a probe that finds nothing new must not wake them every second.
         if changed {
             match self.check() {
                 Ok(()) => tracing::info!("backend reachable and policies loaded: serving"),
                 Err(reason) => tracing::warn!(%reason, "not serving"),
             }
+            self.publish().await;
         }
-        self.publish().await;
     }
 
     async fn publish(&self) {

@@ -4,10 +4,9 @@
 //! call the service for a direct-response route, so the edge route must go to a cluster.)
 
 use std::fmt::Write as _;
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -324,17 +323,13 @@ impl Envoy {
     }
 
     fn spawn(&mut self) {
-        let log = File::create(&self.log_path).expect("create the Envoy log file");
-        let stderr = log.try_clone().expect("clone the log file handle");
         let mut command = Command::new(envoy_bin());
         command
             .arg("-c")
             .arg(&self.bootstrap_path)
             .args(["--disable-hot-restart", "--concurrency", "1"])
-            .args(["--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(stderr);
+            .args(["--log-level", "warn"]);
+        crate::process::log_to(&mut command, &self.log_path);
         let child = crate::process::spawn(command).expect("spawn the Envoy binary");
         self.child = Some(child);
     }
@@ -366,22 +361,13 @@ impl Envoy {
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::process::kill(&mut self.child);
     }
 }
 
 impl Drop for Envoy {
     fn drop(&mut self) {
         self.kill();
-        if std::thread::panicking() {
-            eprintln!(
-                "---- Envoy log ({}) ----\n{}",
-                self.log_path.display(),
-                self.log()
-            );
-        }
+        crate::process::print_log_if_panicking("Envoy", &self.log_path);
     }
 }

@@ -15,6 +15,12 @@ pub fn free_addr() -> SocketAddr {
         .expect("local address of a bound listener")
 }
 
+/// A `127.0.0.1` address where nothing listens, so connecting is refused at once: port 1, which
+/// is privileged and unassigned, and never handed out as a free port to a server a test starts.
+pub fn closed_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 1))
+}
+
 /// An HTTP client that reports every status (a 429 or 500 is an answer here, not an error).
 pub fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()

@@ -4,13 +4,16 @@
 //! process. Test harnesses run each test on its own short-lived thread, so a server shared by
 //! the whole binary would be killed when the test that happened to start it finished. Every
 //! spawn is therefore done by one thread that lives as long as the process.
+//!
+//! A server that the whole binary shares lives in a `static` and is never dropped, so the
+//! directory it works in is removed at exit instead ([`remove_at_exit`]).
 
 use std::io;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
-use std::sync::LazyLock;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Sender, channel};
+use std::sync::{LazyLock, Mutex, Once};
 
 type Job = (Command, Sender<io::Result<Child>>);
 
@@ -53,4 +56,59 @@ pub fn spawn(mut command: Command) -> io::Result<Child> {
     answer
         .recv()
         .map_err(|_| io::Error::other("the spawner thread is gone"))?
+}
+
+/// Sends `command`'s stdout and stderr to a new file at `log` (and its stdin to nothing), for a
+/// server whose log the test reads or prints on failure.
+pub fn log_to(command: &mut Command, log: &Path) {
+    let stdout = std::fs::File::create(log)
+        .unwrap_or_else(|err| panic!("create the log file {}: {err}", log.display()));
+    let stderr = stdout.try_clone().expect("clone the log file handle");
+    command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+}
+
+/// Kills the child in `slot`, if any, and waits for it (SIGKILL, like a crash).
+pub fn kill(slot: &mut Option<Child>) {
+    if let Some(mut child) = slot.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Prints the log of the server `what` at `path` when the current thread is panicking: called
+/// from a handle's drop, it puts the server's side of a failure next to the test's.
+pub fn print_log_if_panicking(what: &str, path: &Path) {
+    if std::thread::panicking() {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        eprintln!("---- {what} log ({}) ----\n{log}", path.display());
+    }
+}
+
+/// Directories to remove when the process exits.
+static AT_EXIT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Removes `dir` (recursively) when this process exits normally, as the test harness does after
+/// the last test. For the working directories of servers that live in a `static`.
+pub fn remove_at_exit(dir: PathBuf) {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: registers a plain function with no captured state; it runs once, at exit.
+        unsafe {
+            libc::atexit(remove_registered);
+        }
+    });
+    AT_EXIT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(dir);
+}
+
+extern "C" fn remove_registered() {
+    // A test thread that panicked while holding the lock must not stop the clean-up.
+    let dirs = AT_EXIT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for dir in dirs.iter() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

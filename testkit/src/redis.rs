@@ -2,17 +2,36 @@
 //! masters and three replicas, on free 127.0.0.1 ports, without persistence, each in a temporary
 //! directory. Dropping a handle kills its processes and removes their directories.
 //!
+//! A test binary shares one server and one cluster among all its tests ([`RedisServer::shared`],
+//! [`RedisCluster::shared`]), started on first use; tests keep apart by giving every backend its
+//! own key prefix ([`unique_prefix`]). A test that stops, kills, flushes or watches a server
+//! starts a private one instead.
+//!
 //! The binaries come from the Debian packages `redis-server` and `redis-tools`, which
 //! `scripts/test` installs; `$TOLLGATE_REDIS_SERVER` / `$TOLLGATE_REDIS_CLI` override them.
 
-use std::io::{Read, Write};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::process;
+use crate::wait;
+
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// How long a cluster may take to become healthy on a loaded machine.
+const CLUSTER_HEALTHY_WITHIN: Duration = Duration::from_secs(60);
+
+/// How long a node of a cluster may stay silent before the others count it as failed. Long
+/// enough that a node starved of CPU on a loaded machine is not failed over in the middle of a
+/// test; short enough that a test that kills a master sees its replica take over in seconds.
+const CLUSTER_NODE_TIMEOUT_MS: u32 = 5_000;
 
 fn binary(env_var: &str, name: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(env_var).filter(|path| !path.is_empty()) {
@@ -41,6 +60,21 @@ pub fn redis_cli_bin() -> PathBuf {
     binary("TOLLGATE_REDIS_CLI", "redis-cli")
 }
 
+/// A key prefix no other backend of this process uses, starting with `tag`: what keeps tests that
+/// share a server apart. It carries no hash-tag braces, which would pin every key to one slot.
+pub fn unique_prefix(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    assert!(
+        !tag.contains(['{', '}']),
+        "a key prefix must not carry a hash tag: {tag}"
+    );
+    format!(
+        "{tag}-{}-{}:",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// A loopback port that was free a moment ago, and (for cluster nodes) whose cluster bus port,
 /// port + 10000, was too.
 fn free_port(with_bus: bool) -> u16 {
@@ -67,15 +101,28 @@ fn raw_command(port: u16, command: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&buffer[..read]).into_owned())
 }
 
-/// Polls `check` until it holds, panicking with `what` after `limit`.
-pub fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+/// Runs `command` to completion with its output collected, killing it after `limit`.
+fn output_within(mut command: Command, limit: Duration) -> Result<Output, String> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = process::spawn(command).map_err(|err| err.to_string())?;
     let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().map_err(|err| err.to_string()),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let output = child.wait_with_output().map_err(|err| err.to_string())?;
+                return Err(format!(
+                    "still running after {limit:?}: {}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
+        }
     }
 }
 
@@ -105,6 +152,18 @@ impl RedisServer {
     /// A standalone server on a free port.
     pub fn start() -> RedisServer {
         RedisServer::start_with(&[])
+    }
+
+    /// The standalone server that every test of this binary may use, started on first use and
+    /// killed when the process exits. Tests keep apart by key prefix ([`unique_prefix`]) and must
+    /// not stop, flush or reconfigure it.
+    pub fn shared() -> &'static RedisServer {
+        static SHARED: LazyLock<RedisServer> = LazyLock::new(|| {
+            let server = RedisServer::start();
+            process::remove_at_exit(server.dir.clone());
+            server
+        });
+        &SHARED
     }
 
     /// A standalone server on a free port with extra `redis-server` arguments (`--requirepass x`).
@@ -199,7 +258,7 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = crate::process::spawn(command)
+        let child = process::spawn(command)
             .unwrap_or_else(|err| panic!("cannot run {}: {err}", redis_server_bin().display()));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -244,7 +303,7 @@ impl RedisServer {
     /// Kills the process (SIGKILL, like a crash); its data is gone.
     pub fn stop(&mut self) {
         self.kill();
-        wait_until(
+        wait::until(
             "the stopped redis port to close",
             Duration::from_secs(5),
             || TcpStream::connect(("127.0.0.1", self.port)).is_err(),
@@ -265,11 +324,27 @@ impl RedisServer {
         }
     }
 
+    /// Suspends the process (SIGSTOP): it keeps its connections but answers nothing, as a hung
+    /// server does, until [`RedisServer::thaw`].
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Resumes a process stopped by [`RedisServer::freeze`] (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = self.pid().expect("the server is running");
+        let pid = libc::pid_t::try_from(pid).expect("a process id fits pid_t");
+        // SAFETY: kill(2) with a pid this handle spawned and still owns.
+        let status = unsafe { libc::kill(pid, signal) };
+        assert_eq!(status, 0, "kill({pid}, {signal}) failed");
+    }
+
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        process::kill(&mut self.child);
     }
 
     /// Runs `redis-cli` against this server and answers its output, trimmed.
@@ -292,18 +367,25 @@ impl RedisServer {
         assert_eq!(self.cli(&["SCRIPT", "FLUSH"]), "OK");
     }
 
-    /// Every key matching `pattern` with its TTL in ms (-1: none, -2: gone meanwhile).
-    pub fn keys_with_ttls(&self, pattern: &str) -> Vec<(String, i64)> {
-        let listing = self.cli(&["--scan", "--pattern", pattern]);
-        listing
+    /// Every key matching `pattern` on this server.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        self.cli(&["--scan", "--pattern", pattern])
             .lines()
             .filter(|key| !key.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Every key matching `pattern` with its TTL in ms (-1: none, -2: gone meanwhile).
+    pub fn keys_with_ttls(&self, pattern: &str) -> Vec<(String, i64)> {
+        self.keys(pattern)
+            .into_iter()
             .map(|key| {
-                let ttl = self.cli(&["PTTL", key]);
+                let ttl = self.cli(&["PTTL", &key]);
                 let ttl = ttl
                     .parse()
                     .unwrap_or_else(|_| panic!("PTTL {key}: {ttl:?}"));
-                (key.to_owned(), ttl)
+                (key, ttl)
             })
             .collect()
     }
@@ -314,6 +396,74 @@ impl RedisServer {
         info.lines()
             .find_map(|line| line.strip_prefix(&format!("{field}:")))
             .map(|value| value.trim().to_owned())
+    }
+
+    /// Whether this server is a master (a standalone server always is).
+    pub fn is_master(&self) -> bool {
+        self.info_field("replication", "role").as_deref() == Some("master")
+    }
+
+    /// Calls per command since the last [`RedisServer::reset_stats`], from `INFO commandstats`
+    /// (`evalsha`, `eval`, `cluster|slots`, ...).
+    pub fn command_calls(&self) -> BTreeMap<String, u64> {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .filter_map(|line| {
+                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats
+                    .split(',')
+                    .find_map(|field| field.strip_prefix("calls="))?
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
+    }
+
+    /// Zeroes the server's statistics (`CONFIG RESETSTAT`).
+    pub fn reset_stats(&self) {
+        assert_eq!(self.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    }
+
+    /// This cluster node's view of which master serves which slots, from `CLUSTER NODES`: one
+    /// `(node id, slot ranges)` per master that serves any slot, sorted.
+    fn slot_view(&self) -> Vec<(String, Vec<String>)> {
+        let mut view: Vec<(String, Vec<String>)> = self
+            .cli(&["CLUSTER", "NODES"])
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let flags = fields.get(2)?;
+                if !flags.split(',').any(|flag| flag == "master") || flags.contains("fail") {
+                    return None;
+                }
+                // Slots being migrated are listed in brackets; these clusters never migrate.
+                let slots: Vec<String> = fields
+                    .iter()
+                    .skip(8)
+                    .filter(|range| !range.starts_with('['))
+                    .map(|range| (*range).to_owned())
+                    .collect();
+                let id = (*fields.first()?).to_owned();
+                (!slots.is_empty()).then_some((id, slots))
+            })
+            .collect();
+        view.sort();
+        view
+    }
+
+    /// Whether this cluster node serves `slot`, by the `myself` line of its `CLUSTER NODES`.
+    fn owns_slot(&self, slot: u16) -> bool {
+        let nodes = self.cli(&["CLUSTER", "NODES"]);
+        let Some(myself) = nodes.lines().find(|line| line.contains("myself")) else {
+            return false;
+        };
+        myself.split_whitespace().skip(8).any(|range| {
+            let mut bounds = range.split('-');
+            let low = bounds.next().and_then(|b| b.parse::<u16>().ok());
+            let high = bounds.next().and_then(|b| b.parse::<u16>().ok()).or(low);
+            matches!((low, high), (Some(low), Some(high)) if (low..=high).contains(&slot))
+        })
     }
 }
 
@@ -338,44 +488,51 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// Starts six cluster-enabled nodes, joins them into a cluster with one replica per master,
-    /// and waits until every node reports the cluster ok and every replica is in sync.
+    /// and waits until it is healthy (see [`RedisCluster::wait_healthy`]). A creation that fails
+    /// on a loaded machine is tried again with fresh nodes.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..6)
-            .map(|_| {
-                RedisServer::launch(
-                    [
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "1000",
-                    ]
-                    .iter()
-                    .map(|arg| arg.to_string())
-                    .collect(),
-                    true,
-                )
-            })
-            .collect();
-        let mut create = Command::new(redis_cli_bin());
-        create.arg("--cluster").arg("create");
-        for node in &nodes {
-            create.arg(format!("127.0.0.1:{}", node.port()));
+        let mut failures = Vec::new();
+        for _attempt in 0..3 {
+            let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::launch_node()).collect();
+            let mut create = Command::new(redis_cli_bin());
+            create.arg("--cluster").arg("create");
+            for node in &nodes {
+                create.arg(format!("127.0.0.1:{}", node.port()));
+            }
+            create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+            match output_within(create, CLUSTER_HEALTHY_WITHIN) {
+                Ok(output) if output.status.success() => {
+                    let cluster = RedisCluster { nodes };
+                    cluster.wait_healthy(CLUSTER_HEALTHY_WITHIN);
+                    return cluster;
+                }
+                Ok(output) => failures.push(format!(
+                    "{}: {}{}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                )),
+                Err(err) => failures.push(err),
+            }
         }
-        let output = create
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .unwrap_or_else(|err| panic!("cannot run redis-cli --cluster create: {err}"));
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+        panic!(
+            "redis-cli --cluster create failed three times:\n{}",
+            failures.join("\n")
         );
-        let cluster = RedisCluster { nodes };
-        cluster.wait_healthy(Duration::from_secs(60));
-        cluster
+    }
+
+    /// The cluster that every test of this binary may use, started on first use and killed when
+    /// the process exits. Tests keep apart by key prefix ([`unique_prefix`]) and must not stop,
+    /// fail over or flush its nodes.
+    pub fn shared() -> &'static RedisCluster {
+        static SHARED: LazyLock<RedisCluster> = LazyLock::new(|| {
+            let cluster = RedisCluster::start();
+            for node in &cluster.nodes {
+                process::remove_at_exit(node.dir.clone());
+            }
+            cluster
+        });
+        &SHARED
     }
 
     /// The seed URLs of every node.
@@ -388,14 +545,23 @@ impl RedisCluster {
         self.nodes.iter().filter(|node| node.is_running())
     }
 
-    /// Waits until every running node sees the cluster ok with all slots served and agrees on
-    /// the topology, and every running replica is in sync with its master.
+    /// The running masters.
+    pub fn masters(&self) -> impl Iterator<Item = &RedisServer> {
+        self.running().filter(|node| node.is_master())
+    }
+
+    /// Waits until every running node sees the cluster ok with all slots served and every node
+    /// known, every running node agrees on which master serves which slots, and every running
+    /// replica is in sync with its master. Only then does a client that asks any node find its
+    /// way on the first try.
     pub fn wait_healthy(&self, limit: Duration) {
-        wait_until("the redis cluster to be healthy", limit, || {
-            self.running().all(|node| {
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
+        wait::until("the redis cluster to be healthy", limit, || {
+            let healthy = self.running().all(|node| {
                 let info = node.cli(&["CLUSTER", "INFO"]);
-                let ok =
-                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384");
+                let ok = info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_ok:16384")
+                    && info.contains(&known);
                 let synced = match node.info_field("replication", "role").as_deref() {
                     Some("slave") => {
                         node.info_field("replication", "master_link_status")
@@ -406,50 +572,55 @@ impl RedisCluster {
                     _ => false,
                 };
                 ok && synced
-            })
+            });
+            healthy && self.slot_map_agreed()
         });
+    }
+
+    /// Whether every running node reports the same masters serving the same slots.
+    fn slot_map_agreed(&self) -> bool {
+        let mut views = self.running().map(RedisServer::slot_view);
+        let Some(first) = views.next() else {
+            return false;
+        };
+        !first.is_empty() && views.all(|view| view == first)
     }
 
     /// Waits until every running master's replicas have acknowledged all of its writes, so a
     /// failover loses nothing.
     pub fn wait_replicas_synced(&self, limit: Duration) {
-        wait_until("the replicas to catch up", limit, || {
-            self.running()
-                .filter(|node| node.info_field("replication", "role").as_deref() == Some("master"))
-                .all(|master| {
-                    let info = master.cli(&["INFO", "replication"]);
-                    let offset = info
-                        .lines()
-                        .find_map(|line| line.strip_prefix("master_repl_offset:"))
-                        .map(str::trim);
-                    let replicas: Vec<&str> = info
-                        .lines()
-                        .filter(|line| line.starts_with("slave") && line.contains("offset="))
-                        .collect();
-                    !replicas.is_empty()
-                        && replicas.iter().all(|line| {
-                            line.split(',')
-                                .find_map(|field| field.strip_prefix("offset="))
-                                .map(str::trim)
-                                == offset
-                        })
-                })
+        wait::until("the replicas to catch up", limit, || {
+            self.masters().all(|master| {
+                let info = master.cli(&["INFO", "replication"]);
+                let offset = info
+                    .lines()
+                    .find_map(|line| line.strip_prefix("master_repl_offset:"))
+                    .map(str::trim);
+                let replicas: Vec<&str> = info
+                    .lines()
+                    .filter(|line| line.starts_with("slave") && line.contains("offset="))
+                    .collect();
+                !replicas.is_empty()
+                    && replicas.iter().all(|line| {
+                        line.split(',')
+                            .find_map(|field| field.strip_prefix("offset="))
+                            .map(str::trim)
+                            == offset
+                    })
+            })
         });
     }
 
     /// The running node that is master of `key`'s slot.
     pub fn master_of(&self, key: &str) -> &RedisServer {
         let slot = self.slot_of(key);
-        self.running()
-            .find(|node| {
-                node.info_field("replication", "role").as_deref() == Some("master")
-                    && node.owns_slot(slot)
-            })
+        self.masters()
+            .find(|node| node.owns_slot(slot))
             .unwrap_or_else(|| panic!("no running master owns slot {slot}"))
     }
 
-    /// Kills the master of `key`'s slot and waits until its replica has taken over and the
-    /// cluster is ok again. Answers the index of the killed node in [`RedisCluster::nodes`].
+    /// Kills the master of `key`'s slot and waits until its replica has taken over and every
+    /// node agrees on it. Answers the index of the killed node in [`RedisCluster::nodes`].
     pub fn fail_over_master_of(&mut self, key: &str) -> usize {
         let slot = self.slot_of(key);
         let port = self.master_of(key).port();
@@ -459,16 +630,13 @@ impl RedisCluster {
             .position(|node| node.port() == port)
             .expect("the master is one of the nodes");
         self.nodes[index].stop();
-        // the replica notices after the node timeout (1 s), is elected and serves the slots;
-        // until the others notice too, they may still call the cluster ok
-        wait_until(
+        // The replica notices after the node timeout, is elected and serves the slots; until the
+        // others have marked the old master failed, they may still route to it.
+        wait::until(
             "a replica to take over the killed master's slots",
-            Duration::from_secs(60),
+            CLUSTER_HEALTHY_WITHIN,
             || {
-                let promoted = self.running().any(|node| {
-                    node.info_field("replication", "role").as_deref() == Some("master")
-                        && node.owns_slot(slot)
-                });
+                let promoted = self.masters().any(|node| node.owns_slot(slot));
                 promoted
                     && self.running().all(|node| {
                         let info = node.cli(&["CLUSTER", "INFO"]);
@@ -476,9 +644,26 @@ impl RedisCluster {
                             && info.contains("cluster_slots_ok:16384")
                             && node.cli(&["CLUSTER", "NODES"]).contains("fail")
                     })
+                    && self.slot_map_agreed()
             },
         );
         index
+    }
+
+    /// Stops every node (a whole-cluster outage).
+    pub fn stop(&mut self) {
+        for node in &mut self.nodes {
+            node.stop();
+        }
+    }
+
+    /// Starts every node again, masters first (creation order): each comes back with its
+    /// cluster config and no data. Waits until the cluster is healthy.
+    pub fn restart(&mut self) {
+        for node in &mut self.nodes {
+            node.restart();
+        }
+        self.wait_healthy(CLUSTER_HEALTHY_WITHIN);
     }
 
     /// The cluster slot of `key`, as the cluster computes it.
@@ -498,32 +683,11 @@ impl RedisCluster {
 
     /// Every key matching `pattern` on the running masters, with its TTL in ms.
     pub fn keys_with_ttls(&self, pattern: &str) -> Vec<(String, i64)> {
-        self.running()
-            .filter(|node| node.info_field("replication", "role").as_deref() == Some("master"))
+        self.masters()
             .flat_map(|node| node.keys_with_ttls(pattern))
             .collect()
     }
-}
 
-/// A master of a Redis Cluster and the slots it serves, as the live cluster reports them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotOwner {
-    /// The master's port on 127.0.0.1.
-    pub port: u16,
-    /// The inclusive slot ranges it serves.
-    pub ranges: Vec<(u16, u16)>,
-}
-
-impl SlotOwner {
-    /// Whether this master serves `slot`.
-    pub fn owns(&self, slot: u16) -> bool {
-        self.ranges
-            .iter()
-            .any(|&(first, last)| (first..=last).contains(&slot))
-    }
-}
-
-impl RedisCluster {
     /// The slot map from `CLUSTER SHARDS` of a running node: each shard's master and its slots,
     /// checked to cover all 16384 slots once.
     pub fn slot_map(&self) -> Vec<SlotOwner> {
@@ -568,58 +732,121 @@ impl RedisCluster {
         assert_eq!(served, 16_384, "{owners:?}");
         owners
     }
-
-    /// The running masters.
-    pub fn masters(&self) -> impl Iterator<Item = &RedisServer> {
-        self.running()
-            .filter(|node| node.info_field("replication", "role").as_deref() == Some("master"))
-    }
 }
 
 impl RedisServer {
-    /// Every key matching `pattern` on this server.
-    pub fn keys(&self, pattern: &str) -> Vec<String> {
-        self.cli(&["--scan", "--pattern", pattern])
-            .lines()
-            .filter(|key| !key.is_empty())
-            .map(str::to_owned)
-            .collect()
+    /// One cluster-enabled node, not yet part of a cluster.
+    fn launch_node() -> RedisServer {
+        let timeout = CLUSTER_NODE_TIMEOUT_MS.to_string();
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &timeout,
+        ];
+        RedisServer::launch(args.iter().map(|arg| arg.to_string()).collect(), true)
+    }
+}
+
+/// A master of a Redis Cluster and the slots it serves, as the live cluster reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotOwner {
+    /// The master's port on 127.0.0.1.
+    pub port: u16,
+    /// The inclusive slot ranges it serves.
+    pub ranges: Vec<(u16, u16)>,
+}
+
+impl SlotOwner {
+    /// Whether this master serves `slot`.
+    pub fn owns(&self, slot: u16) -> bool {
+        self.ranges
+            .iter()
+            .any(|&(first, last)| (first..=last).contains(&slot))
+    }
+}
+
+/// Watches the commands clients send to some Redis servers (with `redis-cli monitor`), leaving
+/// out the ones scripts run inside Redis, which `INFO commandstats` would count alike. Meant for
+/// private servers: it sees every client's commands.
+pub struct Monitor {
+    watched: Vec<Watched>,
+}
+
+/// One `redis-cli monitor` and the thread that collects its lines up to the end marker.
+struct Watched {
+    port: u16,
+    child: Child,
+    reader: JoinHandle<Vec<String>>,
+}
+
+/// A command sent by [`Monitor::stop`] after everything it should count: the monitors read up to
+/// its line, so nothing that ran before is missed, however late its line arrives.
+const MONITOR_END: &str = "tollgate-monitor-end";
+
+impl Monitor {
+    /// Starts watching `servers`; returns once every monitor is live.
+    pub fn watch<'a>(servers: impl IntoIterator<Item = &'a RedisServer>) -> Monitor {
+        let mut watched = Vec::new();
+        for server in servers {
+            let mut command = Command::new(redis_cli_bin());
+            command
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &server.port().to_string(),
+                    "monitor",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped());
+            let mut child = process::spawn(command).expect("redis-cli monitor starts");
+            let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+            // MONITOR answers OK once it is watching.
+            assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("OK"));
+            let reader = std::thread::spawn(move || {
+                lines
+                    .map_while(Result::ok)
+                    .take_while(|line| !line.contains(MONITOR_END))
+                    .collect()
+            });
+            watched.push(Watched {
+                port: server.port(),
+                child,
+                reader,
+            });
+        }
+        Monitor { watched }
     }
 
-    /// Calls per command since the last [`RedisServer::reset_stats`], from `INFO commandstats`
-    /// (`evalsha`, `eval`, `cluster|slots`, ...).
-    pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
-        self.cli(&["INFO", "commandstats"])
-            .lines()
-            .filter_map(|line| {
-                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = stats
-                    .split(',')
-                    .find_map(|field| field.strip_prefix("calls="))?
-                    .parse()
-                    .ok()?;
-                Some((name.to_owned(), calls))
-            })
-            .collect()
-    }
-
-    /// Zeroes the server's statistics (`CONFIG RESETSTAT`).
-    pub fn reset_stats(&self) {
-        assert_eq!(self.cli(&["CONFIG", "RESETSTAT"]), "OK");
-    }
-
-    /// Whether this cluster node serves `slot`, by the `myself` line of its `CLUSTER NODES`.
-    fn owns_slot(&self, slot: u16) -> bool {
-        let nodes = self.cli(&["CLUSTER", "NODES"]);
-        let Some(myself) = nodes.lines().find(|line| line.contains("myself")) else {
-            return false;
-        };
-        myself.split_whitespace().skip(8).any(|range| {
-            let mut bounds = range.split('-');
-            let low = bounds.next().and_then(|b| b.parse::<u16>().ok());
-            let high = bounds.next().and_then(|b| b.parse::<u16>().ok()).or(low);
-            matches!((low, high), (Some(low), Some(high)) if (low..=high).contains(&slot))
-        })
+    /// Stops watching and counts each client command by name (lower case).
+    pub fn stop(self) -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
+        for mut watched in self.watched {
+            let marker = Command::new(redis_cli_bin())
+                .args(["-h", "127.0.0.1", "-p", &watched.port.to_string()])
+                .args(["ECHO", MONITOR_END])
+                .output()
+                .expect("run redis-cli ECHO");
+            assert!(marker.status.success(), "{marker:?}");
+            let lines = watched.reader.join().expect("the monitor reader");
+            let _ = watched.child.kill();
+            let _ = watched.child.wait();
+            for line in lines {
+                // `<time> [<db> <source>] "<command>" ...`; scripts' commands have source `lua`.
+                let Some((source, rest)) = line.split_once("] ") else {
+                    continue;
+                };
+                if source.ends_with(" lua") {
+                    continue;
+                }
+                let name = rest.split('"').nth(1).unwrap_or("").to_ascii_lowercase();
+                *counts.entry(name).or_insert(0) += 1;
+            }
+        }
+        counts
     }
 }
 
@@ -676,7 +903,7 @@ impl SentinelGroup {
             master_name: master_name.to_owned(),
         };
         let others = group.sentinels.len() - 1;
-        wait_until(
+        wait::until(
             "the sentinels to discover the replicas and each other",
             Duration::from_secs(60),
             || {
@@ -733,7 +960,7 @@ impl SentinelGroup {
 
     /// Waits until the master's replicas have acknowledged all its writes.
     pub fn wait_replicas_synced(&self, limit: Duration) {
-        wait_until("the replicas to catch up", limit, || {
+        wait::until("the replicas to catch up", limit, || {
             let master = self.master();
             let info = master.cli(&["INFO", "replication"]);
             let offset = info
@@ -760,14 +987,14 @@ impl SentinelGroup {
         let old = self.master_port();
         let answer = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", &self.master_name]);
         assert_eq!(answer, "OK", "SENTINEL FAILOVER answered {answer:?}");
-        wait_until("a new master", Duration::from_secs(60), || {
+        wait::until("a new master", Duration::from_secs(60), || {
             self.sentinels.iter().all(|s| {
                 let reply = s.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.master_name]);
                 reply.lines().nth(1).map(str::trim) != Some(old.to_string().as_str())
             })
         });
         let new = self.master_port();
-        wait_until(
+        wait::until(
             "the new master to serve and the old one to replicate it",
             Duration::from_secs(60),
             || {

@@ -2,16 +2,18 @@
 //! gRPC and admin HTTP on free loopback ports, started and ready (gRPC health SERVING) before the
 //! test goes on, killed when the handle drops; or stopped with SIGTERM to watch it drain.
 
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
+
+use crate::policy::Policies;
+use crate::process;
+use crate::redis::unique_prefix;
+use crate::rls::health_status;
 
 /// The gRPC health service name that is SERVING whenever tollgate runs and is not draining.
 pub use tollgate::server::health::LIVENESS_SERVICE as LIVENESS;
@@ -57,16 +59,22 @@ descriptors:
 }
 
 /// What to start: policy files and extra `serve` flags.
+///
+/// Three defaults differ from `tollgate serve`'s, set through the environment so that a flag
+/// given here wins: listeners on `127.0.0.1:0`, a 5 s `--backend-timeout` (the production 50 ms
+/// turns decisions into failure-mode answers on a loaded test machine; pass it explicitly to
+/// measure with it), and a `--key-prefix` no other instance of this process uses (pass one to
+/// make instances share counts).
 #[derive(Debug, Default, Clone)]
 pub struct TollgateBuilder {
-    policies: Vec<(String, String)>,
+    policies: Policies,
     args: Vec<String>,
 }
 
 impl TollgateBuilder {
     /// Adds a policy file named `file_name` (e.g. `edge.yaml`) with the given YAML text.
     pub fn policy(mut self, file_name: &str, yaml: &str) -> Self {
-        self.policies.push((file_name.to_owned(), yaml.to_owned()));
+        self.policies.add(file_name, yaml);
         self
     }
 
@@ -93,12 +101,7 @@ impl TollgateBuilder {
     }
 
     fn start_until(self, service: &str) -> Tollgate {
-        let dir = tempfile::tempdir().expect("create a temporary directory");
-        let config_dir = dir.path().join("config");
-        std::fs::create_dir(&config_dir).expect("create the config directory");
-        for (name, yaml) in &self.policies {
-            std::fs::write(config_dir.join(name), yaml).expect("write a policy file");
-        }
+        let (dir, config_dir) = self.policies.write();
         let mut tollgate = Tollgate {
             child: None,
             grpc_addr: UNBOUND,
@@ -231,29 +234,29 @@ impl Tollgate {
 
     /// Kills the process (as a crash or an outage would) and waits for it to exit.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        process::kill(&mut self.child);
     }
 
     fn spawn(&mut self) {
-        let log = File::create(&self.log_path).expect("create the tollgate log file");
-        let stderr = log.try_clone().expect("clone the log file handle");
-        // Port 0: tollgate binds free ports itself and logs them, so nothing can take them
-        // between choosing and binding. The caller's own --grpc-addr/--http-addr win.
+        // Defaults through the environment, so that the caller's own flags win:
+        // - port 0: tollgate binds free ports itself and logs them, so nothing can take them
+        //   between choosing and binding;
+        // - a generous backend deadline: on a loaded machine the production 50 ms would turn
+        //   ordinary decisions into failure-mode answers;
+        // - a key prefix of its own, so instances on a shared Redis count apart.
         let mut command = Command::new(tollgate_bin());
         command
             .arg("serve")
             .arg("--config")
             .arg(&self.config_dir)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(&self.args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(stderr);
-        let child = crate::process::spawn(command).expect("spawn the tollgate binary");
+            .env("TOLLGATE_GRPC_ADDR", "127.0.0.1:0")
+            .env("TOLLGATE_HTTP_ADDR", "127.0.0.1:0")
+            .env("TOLLGATE_BACKEND_TIMEOUT", "5s")
+            .env("TOLLGATE_KEY_PREFIX", unique_prefix("tollgate-process"))
+            .env("RUST_LOG", "info");
+        process::log_to(&mut command, &self.log_path);
+        let child = process::spawn(command).expect("spawn the tollgate binary");
         self.child = Some(child);
         self.grpc_addr = UNBOUND;
         self.http_addr = UNBOUND;
@@ -298,31 +301,9 @@ impl Tollgate {
     }
 }
 
-/// Asks `grpc.health.v1.Health/Check` for `service` once.
-pub async fn health_status(addr: SocketAddr, service: &str) -> Result<ServingStatus, String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|err| err.to_string())?
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(2));
-    let channel = endpoint.connect().await.map_err(|err| err.to_string())?;
-    let response = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: service.to_owned(),
-        })
-        .await
-        .map_err(|status| status.to_string())?;
-    Ok(ServingStatus::try_from(response.into_inner().status).unwrap_or(ServingStatus::Unknown))
-}
-
 impl Drop for Tollgate {
     fn drop(&mut self) {
         self.kill();
-        if std::thread::panicking() {
-            eprintln!(
-                "---- tollgate log ({}) ----\n{}",
-                self.log_path.display(),
-                self.log()
-            );
-        }
+        process::print_log_if_panicking("tollgate", &self.log_path);
     }
 }

@@ -1,8 +1,8 @@
-//! The command line of `tollgate-bench`.
+//! The flags of `tollgate-bench load`.
 
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::ValueEnum;
 
 /// How to pick descriptor values from the key space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -23,17 +23,9 @@ impl Distribution {
     }
 }
 
-/// An Envoy RLS v3 (`envoy.service.ratelimit.v3.RateLimitService`) gRPC load generator.
-///
-/// Works against any RLS v3 server. Every run is bounded: by `--requests`, or by `--duration`
-/// (10 s when neither is given). With `--rate` the load is open loop: calls are scheduled at fixed
-/// intervals, and a call sent late because every in-flight slot was busy is timed from its
-/// scheduled time, so a stalled server is not hidden by the generator waiting for it (coordinated
-/// omission). Without `--rate`, every in-flight slot sends its next call as soon as the previous
-/// one returns (closed loop). Latency covers answered calls; failed calls are counted by code.
-#[derive(Debug, Parser)]
-#[command(name = "tollgate-bench", version)]
-pub struct Args {
+/// The flags of `tollgate-bench load`: where to send, how much, and what requests look like.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
     /// gRPC endpoint of the RLS server.
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub target: String,
@@ -121,7 +113,7 @@ pub enum Stop {
     Count(u64),
 }
 
-impl Args {
+impl LoadArgs {
     /// The bound of the measured phase.
     pub fn stop(&self) -> Stop {
         match (self.requests, self.duration) {
@@ -137,7 +129,7 @@ impl Args {
     }
 }
 
-fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if duration.is_zero() {
         return Err("must be longer than zero".into());
@@ -176,10 +168,22 @@ fn parse_descriptor_key(text: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    /// The flags as `tollgate-bench load` parses them.
+    #[derive(Parser)]
+    struct Load {
+        #[command(flatten)]
+        args: LoadArgs,
+    }
+
+    fn parse<'a>(argv: impl IntoIterator<Item = &'a str>) -> Result<LoadArgs, clap::Error> {
+        Load::try_parse_from(std::iter::once("load").chain(argv)).map(|load| load.args)
+    }
 
     #[test]
     fn defaults_are_a_bounded_closed_loop() {
-        let args = Args::try_parse_from(["tollgate-bench"]).unwrap();
+        let args = parse([]).unwrap();
         assert!(matches!(args.stop(), Stop::After(d) if d == Duration::from_secs(10)));
         assert_eq!(args.rate, None);
         assert_eq!(args.entry_key(2), "bench_key_2");
@@ -187,9 +191,8 @@ mod tests {
 
     #[test]
     fn duration_and_requests_exclude_each_other() {
-        let both = ["tollgate-bench", "--duration", "1s", "--requests", "5"];
-        assert!(Args::try_parse_from(both).is_err());
-        let count = Args::try_parse_from(["tollgate-bench", "--requests", "5"]).unwrap();
+        assert!(parse(["--duration", "1s", "--requests", "5"]).is_err());
+        let count = parse(["--requests", "5"]).unwrap();
         assert!(matches!(count.stop(), Stop::Count(5)));
     }
 
@@ -206,14 +209,13 @@ mod tests {
             &["--descriptors", "65"],
             &["--descriptor-key", ""],
         ] {
-            let argv = std::iter::once("tollgate-bench").chain(bad.iter().copied());
-            assert!(Args::try_parse_from(argv).is_err(), "{bad:?} was accepted");
+            assert!(parse(bad.iter().copied()).is_err(), "{bad:?} was accepted");
         }
     }
 
     #[test]
     fn descriptor_key_without_placeholder_is_shared() {
-        let args = Args::try_parse_from(["tollgate-bench", "--descriptor-key", "user"]).unwrap();
+        let args = parse(["--descriptor-key", "user"]).unwrap();
         assert_eq!(args.entry_key(0), "user");
         assert_eq!(args.entry_key(3), "user");
     }

@@ -1,12 +1,24 @@
-//! End to end through a real Envoy: its HTTP rate-limit filter calls a real tollgate over gRPC,
-//! and the tests send real HTTP requests to Envoy and read what a client would see.
+//! End to end through a real Envoy: its HTTP rate-limit filter calls tollgate over gRPC, and the
+//! tests send real HTTP requests to Envoy and read what a client would see. tollgate serves in
+//! this process (the same server the binary runs), on memory or on the binary's shared Redis and
+//! Cluster under a key prefix of its own; the example deployment runs the binary (`deploy.rs`).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::net::SocketAddr;
 
-use tollgate_testkit::envoy::{Action, Envoy};
-use tollgate_testkit::net::{Reply, free_addr};
-use tollgate_testkit::redis::{RedisCluster, RedisServer};
-use tollgate_testkit::tollgate::{Tollgate, per_user_per_minute};
+use tollgate::clock::ManualClock;
+use tollgate::limiter::Settings;
+use tollgate_testkit::envoy::{Action, Envoy, EnvoyBuilder};
+use tollgate_testkit::in_process::InProcess;
+use tollgate_testkit::net::{Reply, closed_addr};
+use tollgate_testkit::redis::{RedisCluster, RedisServer, unique_prefix};
+use tollgate_testkit::target::Store;
+use tollgate_testkit::tollgate::per_user_per_minute;
+
+/// An Envoy whose descriptor is the `x-user` request header as the entry `user`, calling the RLS
+/// at `rls` with the domain `edge`.
+fn per_user_envoy(rls: SocketAddr) -> EnvoyBuilder {
+    Envoy::builder("edge", rls).descriptor(vec![Action::header("x-user", "user")])
+}
 
 fn user(name: &str) -> [(&'static str, &str); 1] {
     [("x-user", name)]
@@ -26,10 +38,8 @@ fn header_number(reply: &Reply, name: &str) -> u64 {
 /// another user is not affected.
 #[test]
 fn per_user_limit_from_a_request_header() {
-    let tollgate = Tollgate::start(&per_user_per_minute(5));
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let tollgate = InProcess::start(&per_user_per_minute(5));
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     for expected_remaining in (0..5).rev() {
         let reply = envoy.get("/", &user("alice"));
@@ -66,7 +76,7 @@ fn per_user_limit_from_a_request_header() {
 /// led by the limit with the least remaining; a window that is not a whole unit is left out.
 #[test]
 fn ratelimit_limit_header_lists_every_named_limit() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
@@ -81,8 +91,7 @@ descriptors:
     rate_limit: {name: odd_window, window: 90s, requests_per_unit: 50}
 ",
     );
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
+    let envoy = per_user_envoy(tollgate.grpc_addr())
         .descriptor(vec![Action::RemoteAddress])
         .descriptor(vec![Action::generic("global")])
         .descriptor(vec![Action::generic_keyed("path_class", "api")])
@@ -112,7 +121,7 @@ descriptors:
 /// A `generic_key` limit is shared by all traffic, whoever sends it.
 #[test]
 fn global_generic_key_limit_is_shared_by_everyone() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: generic_key
@@ -138,7 +147,7 @@ descriptors:
 /// A descriptor in shadow mode is counted but never refuses.
 #[test]
 fn shadow_mode_descriptor_counts_but_never_refuses() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
@@ -146,9 +155,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 ",
     );
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     let remaining: Vec<u64> = (0..6)
         .map(|_| {
@@ -164,13 +171,14 @@ descriptors:
 /// `--shadow-mode` makes every answer OK, whatever the limits say.
 #[test]
 fn shadow_mode_flag_never_refuses() {
-    let tollgate = Tollgate::builder()
+    let tollgate = InProcess::builder()
         .policy("edge.yaml", &per_user_per_minute(2))
-        .args(["--shadow-mode"])
+        .settings(Settings {
+            shadow_mode: true,
+            ..Settings::default()
+        })
         .start();
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     for _ in 0..6 {
         let reply = envoy.get("/", &user("frank"));
@@ -183,7 +191,7 @@ fn shadow_mode_flag_never_refuses() {
 /// rate-limit headers, while other values of the same key are limited.
 #[test]
 fn allow_listed_value_is_never_limited() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
@@ -192,9 +200,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 ",
     );
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let envoy = per_user_envoy(tollgate.grpc_addr()).start();
 
     for _ in 0..10 {
         let reply = envoy.get("/", &user("admin"));
@@ -211,12 +217,9 @@ descriptors:
 /// rate-limit headers) when it is false, and get 500 when it is true.
 #[test]
 fn tollgate_down_follows_envoy_failure_mode() {
-    let mut tollgate = Tollgate::start(&per_user_per_minute(100));
-    let open = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
-    let closed = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
+    let mut tollgate = InProcess::start(&per_user_per_minute(100));
+    let open = per_user_envoy(tollgate.grpc_addr()).start();
+    let closed = per_user_envoy(tollgate.grpc_addr())
         .failure_mode_deny(true)
         .start();
 
@@ -225,7 +228,7 @@ fn tollgate_down_follows_envoy_failure_mode() {
     assert_eq!(header_number(&up, "x-ratelimit-remaining"), 99);
     assert_eq!(closed.get("/", &user("heidi")).status, 200);
 
-    tollgate.kill();
+    tollgate.shutdown();
 
     let down = open.get("/", &user("heidi"));
     assert_eq!(down.status, 200, "{down:?}");
@@ -237,143 +240,112 @@ fn tollgate_down_follows_envoy_failure_mode() {
 /// With nothing ever listening where the rate-limit service should be, the same holds.
 #[test]
 fn unreachable_service_follows_envoy_failure_mode() {
-    let nowhere = free_addr();
-    let open = Envoy::builder("edge", nowhere)
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let nowhere = closed_addr();
+    let open = per_user_envoy(nowhere).start();
     let reply = open.get("/", &user("ivan"));
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(reply.body, "ok");
 
-    let closed = Envoy::builder("edge", nowhere)
-        .descriptor(vec![Action::header("x-user", "user")])
-        .failure_mode_deny(true)
-        .start();
+    let closed = per_user_envoy(nowhere).failure_mode_deny(true).start();
     assert_eq!(closed.get("/", &user("ivan")).status, 500);
 }
 
-fn now_ms() -> u64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
-    u64::try_from(since_epoch.as_millis()).expect("milliseconds fit in u64")
-}
-
-fn sleep_until_ms(target: u64) {
-    let now = now_ms();
-    if target > now {
-        std::thread::sleep(Duration::from_millis(target - now));
-    }
-}
-
-const BURST_LIMIT: u64 = 5;
+const BURST_LIMIT: usize = 5;
 const BURST_WINDOW_MS: u64 = 4_000;
+/// An instant on an edge between two windows (windows are aligned to the epoch).
+const EDGE_MS: u64 = 1_700_000_000_000;
 
-/// Two bursts on either side of a window edge, as a fixed window would let through twice.
+/// A client of a `BURST_LIMIT` per `BURST_WINDOW_MS` limit of `algorithm` behind Envoy, with
+/// tollgate's clock in the test's hand: the bursts below land exactly where they are meant to,
+/// however loaded the machine.
 struct Bursts {
-    /// Requests admitted in the second burst.
-    second_admitted: u64,
-    /// How far past the edge the last request of the second burst was answered.
-    second_done_past_edge_ms: u64,
+    clock: ManualClock,
+    envoy: Envoy,
+    _tollgate: InProcess,
 }
 
-/// How long after the edge the second burst must be done for the run to say something: well
-/// inside the window that still holds the first burst.
-const SECOND_BURST_DEADLINE_MS: u64 = 1_500;
-
-/// Sends a full burst just before a window edge (aligned to the epoch, as tollgate's windows are)
-/// and another just after it. A run that a stalled machine stretches (the first burst crossing
-/// the edge, or the second ending late) is repeated at a later edge with a fresh client.
-fn bursts_around_an_edge(envoy: &Envoy, client: &str) -> Bursts {
-    for attempt in 0..3 {
-        let name = format!("{client}-{attempt}");
-        let edge = (now_ms() / BURST_WINDOW_MS + 2) * BURST_WINDOW_MS;
-        sleep_until_ms(edge - 600);
-        let first: Vec<u16> = (0..BURST_LIMIT)
-            .map(|_| envoy.get("/", &[("x-client", &name)]).status)
-            .collect();
-        if now_ms() >= edge {
-            continue;
-        }
-        assert_eq!(
-            first, [200; BURST_LIMIT as usize],
-            "the first burst fits the limit"
-        );
-        sleep_until_ms(edge + 50);
-        let second_admitted = (0..BURST_LIMIT)
-            .filter(|_| envoy.get("/", &[("x-client", &name)]).status == 200)
-            .count() as u64;
-        let second_done_past_edge_ms = now_ms() - edge;
-        if second_done_past_edge_ms > SECOND_BURST_DEADLINE_MS {
-            continue;
-        }
-        return Bursts {
-            second_admitted,
-            second_done_past_edge_ms,
-        };
-    }
-    panic!("three runs in a row were too slow to bracket a window edge");
-}
-
-fn burst_setup(algorithm: &str) -> (Tollgate, Envoy) {
-    let tollgate = Tollgate::start(&format!(
-        "domain: edge
+impl Bursts {
+    fn new(algorithm: &str) -> Bursts {
+        let clock = ManualClock::new(EDGE_MS);
+        let tollgate = InProcess::builder()
+            .policy(
+                "edge.yaml",
+                &format!(
+                    "domain: edge
 descriptors:
   - key: client
     rate_limit: {{requests_per_unit: {BURST_LIMIT}, window: {}s, algorithm: {algorithm}}}
 ",
-        BURST_WINDOW_MS / 1000
-    ));
-    let envoy = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-client", "client")])
-        .start();
-    (tollgate, envoy)
+                    BURST_WINDOW_MS / 1000
+                ),
+            )
+            .clock(clock.clone())
+            .start();
+        let envoy = Envoy::builder("edge", tollgate.grpc_addr())
+            .descriptor(vec![Action::header("x-client", "client")])
+            .start();
+        Bursts {
+            clock,
+            envoy,
+            _tollgate: tollgate,
+        }
+    }
+
+    /// Sends `BURST_LIMIT` requests at `at_ms` (relative to the edge) and answers how many
+    /// were let through.
+    fn burst(&self, at_ms: i64) -> usize {
+        self.clock.set(EDGE_MS.saturating_add_signed(at_ms));
+        (0..BURST_LIMIT)
+            .filter(|_| self.envoy.get("/", &[("x-client", "bursty")]).status == 200)
+            .count()
+    }
 }
 
-/// Sliding window counter: right after the edge the previous window still weighs almost fully,
-/// so the second burst is refused (a fixed window would admit all of it again). The estimate
-/// frees one hit per fifth of the window past the edge; the bound allows for a slow machine.
+/// Sliding window counter: a full burst just before a window edge, and right after the edge the
+/// previous window still weighs almost fully, so a second burst is refused (a fixed window would
+/// admit all of it again). The estimate frees one hit per fifth of the window past the edge.
 #[test]
 fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_counter() {
-    let (_tollgate, envoy) = burst_setup("sliding_window_counter");
-    let bursts = bursts_around_an_edge(&envoy, "counter");
-    let freed = BURST_LIMIT * bursts.second_done_past_edge_ms / BURST_WINDOW_MS;
-    assert!(
-        bursts.second_admitted <= freed,
-        "admitted {} of the second burst, {} ms past the edge (at most {freed} may be)",
-        bursts.second_admitted,
-        bursts.second_done_past_edge_ms
-    );
-    assert!(bursts.second_admitted < BURST_LIMIT);
+    let bursts = Bursts::new("sliding_window_counter");
+    assert_eq!(bursts.burst(-600), BURST_LIMIT, "the first burst fits");
+    assert_eq!(bursts.burst(50), 0, "right after the edge");
+    assert_eq!(bursts.burst(800), 1, "a fifth of the window past the edge");
 }
 
-/// Sliding window log: exact, so nothing of the second burst fits while the first is inside the
-/// window.
+/// Sliding window log: exact, so nothing of a second burst fits while the first is inside the
+/// window, and all of it once the first has left.
 #[test]
 fn boundary_burst_is_not_admitted_twice_by_the_sliding_window_log() {
-    let (_tollgate, envoy) = burst_setup("sliding_window_log");
-    let bursts = bursts_around_an_edge(&envoy, "log");
-    assert_eq!(bursts.second_admitted, 0);
+    let bursts = Bursts::new("sliding_window_log");
+    assert_eq!(bursts.burst(-600), BURST_LIMIT, "the first burst fits");
+    assert_eq!(bursts.burst(50), 0, "right after the edge");
+    assert_eq!(
+        bursts.burst(3_399),
+        0,
+        "a millisecond before the first burst leaves"
+    );
+    assert_eq!(
+        bursts.burst(3_400),
+        BURST_LIMIT,
+        "once the first burst has left"
+    );
 }
 
 /// Two tollgate instances sharing one Redis, each behind its own Envoy: together they admit the
 /// limit once, not once each.
 #[test]
 fn two_instances_sharing_redis_admit_the_limit_once() {
-    let redis = RedisServer::start();
     let policy = per_user_per_minute(5);
+    let prefix = unique_prefix("two-instances");
     let start = || {
-        Tollgate::builder()
+        InProcess::builder()
             .policy("edge.yaml", &policy)
-            .args(["--backend", "redis", "--redis-url", &redis.url()])
+            .store(Store::Redis(RedisServer::shared().url()))
+            .key_prefix(&prefix)
             .start()
     };
     let (first, second) = (start(), start());
-    let envoys = [first.grpc_addr(), second.grpc_addr()].map(|rls| {
-        Envoy::builder("edge", rls)
-            .descriptor(vec![Action::header("x-user", "user")])
-            .start()
-    });
+    let envoys = [first.grpc_addr(), second.grpc_addr()].map(|rls| per_user_envoy(rls).start());
 
     let statuses: Vec<u16> = (0..10)
         .map(|turn| envoys[turn % 2].get("/", &user("judy")).status)
@@ -389,7 +361,7 @@ fn two_instances_sharing_redis_admit_the_limit_once() {
 #[test]
 fn redis_outage_answers_each_limits_failure_mode() {
     let mut redis = RedisServer::start();
-    let tollgate = Tollgate::builder()
+    let tollgate = InProcess::builder()
         .policy(
             "edge.yaml",
             "domain: edge
@@ -401,11 +373,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1000, failure_mode: deny}
 ",
         )
-        .args(["--backend", "redis", "--redis-url", &redis.url()])
+        .store(Store::Redis(redis.url()))
         .start();
-    let per_user = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let per_user = per_user_envoy(tollgate.grpc_addr()).start();
     let global = Envoy::builder("edge", tollgate.grpc_addr())
         .descriptor(vec![Action::generic("global")])
         .start();
@@ -425,8 +395,7 @@ descriptors:
 /// different slots, which together never admit more than the limit.
 #[test]
 fn redis_cluster_per_user_and_sharded_global_limits() {
-    let cluster = RedisCluster::start();
-    let tollgate = Tollgate::builder()
+    let tollgate = InProcess::builder()
         .policy(
             "edge.yaml",
             "domain: edge
@@ -438,16 +407,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 8, shards: 4}
 ",
         )
-        .args([
-            "--backend",
-            "redis-cluster",
-            "--redis-url",
-            &cluster.urls().join(","),
-        ])
+        .store(Store::Cluster(RedisCluster::shared().urls()))
         .start();
-    let per_user = Envoy::builder("edge", tollgate.grpc_addr())
-        .descriptor(vec![Action::header("x-user", "user")])
-        .start();
+    let per_user = per_user_envoy(tollgate.grpc_addr()).start();
     let statuses: Vec<u16> = (0..4)
         .map(|_| per_user.get("/", &user("leo")).status)
         .collect();

@@ -13,15 +13,18 @@ use tollgate::proto::rate_limit_descriptor::Entry;
 use tollgate::proto::rate_limit_response::Code;
 use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::proto::{RateLimitDescriptor, RateLimitRequest};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 
-use crate::args::Stop;
-use crate::keys::KeySampler;
+use crate::load::args::Stop;
+use crate::load::keys::KeySampler;
 
 /// Latencies are recorded in nanoseconds, from 1 µs resolution up to an hour; anything longer
 /// is clamped (a call cannot outlive the run).
 const LOWEST_LATENCY_NS: u64 = 1_000;
 const HIGHEST_LATENCY_NS: u64 = 3_600 * 1_000_000_000;
+
+/// How long to wait for each connection to the target before giving up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Workers record into a few shared tallies rather than one each, so that memory stays small with
 /// many thousands of in-flight calls while the locks stay uncontended.
@@ -253,6 +256,32 @@ impl Load {
             elapsed,
         })
     }
+}
+
+/// Opens `connections` separate HTTP/2 connections to `target` (each endpoint connects on its
+/// own, so calls really are spread over that many TCP connections).
+pub async fn connect(
+    target: &str,
+    connections: u32,
+) -> anyhow::Result<Vec<RateLimitServiceClient<Channel>>> {
+    let uri = if target.contains("://") {
+        target.to_owned()
+    } else {
+        format!("http://{target}")
+    };
+    let endpoint = Endpoint::from_shared(uri)
+        .with_context(|| format!("`{target}` is not a valid target URI"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    let mut clients = Vec::with_capacity(connections as usize);
+    for _ in 0..connections {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {target}"))?;
+        clients.push(RateLimitServiceClient::new(channel));
+    }
+    Ok(clients)
 }
 
 struct Worker {

@@ -1,5 +1,6 @@
-//! The command line: `tollgate check` prints the policy table or the first error as
-//! `file:line:column: message` (exit 1), and `serve` refuses a broken config with the same line.
+//! The command line: `tollgate check` prints the policy table, its warnings, or the first error
+//! as `file:line:column: message` (exit 1), and `serve` refuses a broken config with the same
+//! line.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -140,4 +141,39 @@ fn boolean_flags_take_explicit_values() {
         let stderr = text(&out.stderr);
         assert!(stderr.contains("/nonexistent/tollgate"), "{flag}: {stderr}");
     }
+}
+
+#[test]
+fn check_warns_when_shards_get_fewer_than_ten_hits() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(
+        dir.path().join("thin.yaml"),
+        r#"domain: thin
+descriptors:
+  - key: tenant
+    value: thin
+    rate_limit: {unit: minute, requests_per_unit: 79, shards: 8}
+  - key: tenant
+    value: enough
+    rate_limit: {unit: minute, requests_per_unit: 80, shards: 8}
+  - key: tenant
+    value: unsharded
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"#,
+    )
+    .expect("write the policy");
+    let out = tollgate(&["check", "--config", &dir.path().display().to_string()]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].ends_with(
+            "thin.yaml:5:63: warning: `thin.tenant_thin` splits 79 hits over 8 shards, 9 per \
+             shard; with fewer than 10 per shard the limit gets uneven: lower `shards`"
+        ),
+        "{stderr}"
+    );
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("shards=8"), "{stdout}");
 }

@@ -1,19 +1,22 @@
 //! Debugging with grpcurl through server reflection, with no proto files: the commands the README
-//! shows, run with the real grpcurl binary against a real tollgate. Older grpcurl releases (the
+//! shows, run with the real grpcurl binary against the real server. Older grpcurl releases (the
 //! one used here included) speak only reflection v1alpha; v1 is checked with tonic's client.
 
 use std::net::SocketAddr;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tollgate_testkit::net::{agent, free_addr, send};
-use tollgate_testkit::tollgate::{LIVENESS, Tollgate, per_user_per_minute};
+use tollgate::proto::RLS_SERVICE_NAME as RLS;
+use tollgate_testkit::in_process::InProcess;
+use tollgate_testkit::net::{agent, closed_addr, send};
+use tollgate_testkit::rls::channel;
+use tollgate_testkit::target::Store;
+use tollgate_testkit::tollgate::{LIVENESS, per_user_per_minute};
 use tollgate_testkit::tools::grpcurl_bin;
+use tollgate_testkit::wait;
 
-const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
-
-fn start() -> Tollgate {
-    Tollgate::start(&per_user_per_minute(5))
+fn start() -> InProcess {
+    InProcess::start(&per_user_per_minute(5))
 }
 
 /// Runs `grpcurl -plaintext <flags> <addr> <verb...>`.
@@ -99,11 +102,7 @@ fn grpcurl_json_call_decides_like_envoy_would() {
     assert!(over.contains(r#""key": "retry-after""#), "{over}");
 
     for service in [RLS, LIVENESS] {
-        let health = health_check(addr, service);
-        assert!(
-            health.contains(r#""status": "SERVING""#),
-            "{service}: {health}"
-        );
+        assert_health(addr, service, "SERVING");
     }
 }
 
@@ -123,13 +122,15 @@ fn grpcurl_shows_invalid_argument_for_bad_input() {
     assert!(stderr.contains("InvalidArgument"), "{stderr}");
 }
 
-/// `grpc.health.v1.Health/Check` of `service`, as grpcurl prints it.
-fn health_check(addr: SocketAddr, service: &str) -> String {
-    grpcurl_ok(
+/// Asserts what grpcurl prints for `grpc.health.v1.Health/Check` of `service`.
+fn assert_health(addr: SocketAddr, service: &str, status: &str) {
+    let health = grpcurl_ok(
         &["-d", &format!(r#"{{"service":"{service}"}}"#)],
         addr,
         &["grpc.health.v1.Health/Check"],
-    )
+    );
+    let expected = format!(r#""status": "{status}""#);
+    assert!(health.contains(&expected), "{service:?}: {health}");
 }
 
 /// What the Kubernetes probes ask, with nothing listening at the Redis URL: the process is alive
@@ -137,33 +138,23 @@ fn health_check(addr: SocketAddr, service: &str) -> String {
 /// NOT_SERVING), so an outage takes it out of rotation without restarting it.
 #[test]
 fn grpcurl_health_tells_liveness_from_readiness_while_redis_is_down() {
-    let nowhere = format!("redis://{}", free_addr());
-    let tollgate = Tollgate::builder()
+    let nowhere = format!("redis://{}", closed_addr());
+    let tollgate = InProcess::builder()
         .policy("edge.yaml", &per_user_per_minute(5))
-        .args(["--backend", "redis", "--redis-url", &nowhere])
+        .store(Store::Redis(nowhere))
         .start_alive();
     let addr = tollgate.grpc_addr();
 
     // Past the first backend probe, so the answers below describe the outage, not the start.
     let http = agent();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    wait::until("a failed backend probe", Duration::from_secs(10), || {
         let reply = send(&http, "GET", &tollgate.url("/healthcheck"), &[], None);
-        if reply.status == 503 && !reply.body.contains("not probed yet") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no failed probe yet: {reply:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        reply.status == 503 && !reply.body.contains("not probed yet")
+    });
 
-    let alive = health_check(addr, LIVENESS);
-    assert!(alive.contains(r#""status": "SERVING""#), "{alive}");
+    assert_health(addr, LIVENESS, "SERVING");
     for service in [RLS, ""] {
-        let ready = health_check(addr, service);
-        assert!(
-            ready.contains(r#""status": "NOT_SERVING""#),
-            "{service:?}: {ready}"
-        );
+        assert_health(addr, service, "NOT_SERVING");
     }
 }
 
@@ -181,12 +172,7 @@ fn reflection_v1_lists_the_services() {
         .build()
         .expect("build a tokio runtime");
     let names = runtime.block_on(async {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", tollgate.grpc_addr()))
-                .expect("a valid URI")
-                .connect()
-                .await
-                .expect("connect");
+        let channel = channel(tollgate.grpc_addr()).await.expect("connect");
         let mut client = ServerReflectionClient::new(channel);
         let request = ServerReflectionRequest {
             host: String::new(),

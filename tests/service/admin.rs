@@ -1,28 +1,32 @@
-//! The admin HTTP interface, over real HTTP against the real `tollgate` binary: `POST /json`
-//! speaks proto3 JSON and decides exactly as the gRPC service does (one counter behind both),
-//! `/rlconfig` shows the loaded limits and follows hot reloads, `/metrics` counts requests by
-//! code, `/healthcheck` follows the backend, and SIGTERM drains before a clean exit.
+//! The admin HTTP interface over real HTTP: `POST /json` speaks proto3 JSON and decides exactly
+//! as the gRPC service does (one counter behind both), `/metrics` counts requests by code (both
+//! against the server in this process); `/rlconfig` shows the loaded limits and follows hot
+//! reloads, `/healthcheck` follows the backend, and SIGTERM drains before a clean exit (against
+//! the `tollgate` binary, whose log, flags and signals they read).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio::runtime::Runtime;
+use tollgate::proto::RLS_SERVICE_NAME as RLS;
 use tollgate::proto::rate_limit_descriptor::Entry;
 use tollgate::proto::rate_limit_response::{Code, rate_limit::Unit};
 use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::proto::{HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use tollgate_testkit::in_process::InProcess;
 use tollgate_testkit::net::{Reply, agent, send};
 use tollgate_testkit::redis::RedisServer;
-use tollgate_testkit::tollgate::{LIVENESS, Tollgate, health_status, per_user_per_minute};
-
-const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+use tollgate_testkit::rls::{channel, health_status};
+use tollgate_testkit::tollgate::{LIVENESS, Tollgate, per_user_per_minute};
+use tollgate_testkit::wait;
 
 /// How long a poll for a state change (a reload, a health flip) may take on a busy machine.
 const POLL_LIMIT: Duration = Duration::from_secs(10);
@@ -37,7 +41,8 @@ struct Client {
 }
 
 impl Client {
-    fn new(tollgate: &Tollgate) -> Client {
+    /// A client of the tollgate whose gRPC and admin HTTP listen at these addresses.
+    fn new(grpc_addr: SocketAddr, http_addr: SocketAddr) -> Client {
         // Worker threads keep the connections' background tasks running between calls, as in
         // any real client, so a dropped stream is cancelled at once.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -46,12 +51,12 @@ impl Client {
             .build()
             .expect("build a tokio runtime");
         let channel = runtime
-            .block_on(connect(tollgate.grpc_addr()))
+            .block_on(channel(grpc_addr))
             .expect("connect to tollgate's gRPC port");
         Client {
             http: agent(),
-            http_addr: tollgate.http_addr(),
-            grpc_addr: tollgate.grpc_addr(),
+            http_addr,
+            grpc_addr,
             runtime,
             rls: RateLimitServiceClient::new(channel),
         }
@@ -107,28 +112,21 @@ impl Client {
 
     /// Polls `GET path` until `done` holds for the reply, answering that reply.
     fn poll(&self, path: &str, what: &str, done: impl Fn(&Reply) -> bool) -> Reply {
-        let deadline = Instant::now() + POLL_LIMIT;
-        loop {
+        wait::until_some(what, POLL_LIMIT, || {
             let reply = self.get(path);
-            if done(&reply) {
-                return reply;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {POLL_LIMIT:?} waiting for {what}; last answer: {reply:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            done(&reply).then_some(reply)
+        })
     }
-}
 
-async fn connect(addr: SocketAddr) -> Result<Channel, tonic::transport::Error> {
-    Endpoint::from_shared(format!("http://{addr}"))
-        .expect("a valid URI")
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await
+    /// A client of the tollgate process.
+    fn of(tollgate: &Tollgate) -> Client {
+        Client::new(tollgate.grpc_addr(), tollgate.http_addr())
+    }
+
+    /// A client of the tollgate in this process.
+    fn of_in_process(tollgate: &InProcess) -> Client {
+        Client::new(tollgate.grpc_addr(), tollgate.http_addr())
+    }
 }
 
 /// A request for `domain` with one descriptor per list of entries, as proto3 JSON.
@@ -320,7 +318,7 @@ fn keys(value: &Value) -> Vec<String> {
 
 #[test]
 fn json_speaks_proto3_json_in_and_out() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
@@ -333,7 +331,7 @@ descriptors:
     rate_limit: {window: 90s, requests_per_unit: 30}
 ",
     );
-    let client = Client::new(&tollgate);
+    let client = Client::of_in_process(&tollgate);
 
     let mut first = request(
         "edge",
@@ -427,14 +425,14 @@ descriptors:
 /// key count down together, and each answer is the one the other interface would have given.
 #[test]
 fn json_and_grpc_share_counters_and_answer_alike() {
-    let tollgate = Tollgate::start(
+    let tollgate = InProcess::start(
         "domain: edge
 descriptors:
   - key: user
     rate_limit: {algorithm: sliding_window_log, unit: minute, requests_per_unit: 6}
 ",
     );
-    let mut client = Client::new(&tollgate);
+    let mut client = Client::of_in_process(&tollgate);
     let carol = request("edge", &[&[("user", "carol")], &[("unlisted", "x")]]);
 
     for step in 0..10u32 {
@@ -497,8 +495,8 @@ descriptors:
 
 #[test]
 fn json_answers_429_with_retry_after_once_the_limit_is_reached() {
-    let tollgate = Tollgate::start(&per_user_per_minute(3));
-    let client = Client::new(&tollgate);
+    let tollgate = InProcess::start(&per_user_per_minute(3));
+    let client = Client::of_in_process(&tollgate);
     let dave = request("edge", &[&[("user", "dave")]]);
 
     for remaining in [Some(2), Some(1), None] {
@@ -533,8 +531,8 @@ fn json_answers_429_with_retry_after_once_the_limit_is_reached() {
 
 #[test]
 fn json_refuses_bad_input_with_400_and_a_message() {
-    let tollgate = Tollgate::start(&per_user_per_minute(5));
-    let client = Client::new(&tollgate);
+    let tollgate = InProcess::start(&per_user_per_minute(5));
+    let client = Client::of_in_process(&tollgate);
     let alice = r#"{"entries":[{"key":"user","value":"alice"}]}"#;
     let cases = [
         (r#"{"domain":"edge","#.to_owned(), "proto3 JSON"),
@@ -616,6 +614,22 @@ fn rows(rows: &[&str]) -> Vec<Vec<String>> {
     table(&rows.join("\n"))
 }
 
+/// Writes `yaml` as `file` into the config directory `config` and waits until `/rlconfig` shows
+/// the table `expected`, which it answers.
+fn reload(
+    client: &Client,
+    config: &Path,
+    (file, yaml): (&str, &str),
+    expected: &[&str],
+) -> Vec<Vec<String>> {
+    std::fs::write(config.join(file), yaml).unwrap_or_else(|err| panic!("write {file}: {err}"));
+    let expected = rows(expected);
+    client.poll("/rlconfig", &format!("{file} to load"), |reply| {
+        table(&reply.body) == expected
+    });
+    expected
+}
+
 #[test]
 fn rlconfig_lists_the_loaded_limits_and_follows_reloads() {
     let tollgate = Tollgate::builder()
@@ -632,7 +646,7 @@ descriptors:
         )
         .args(["--reload-interval", "200ms"])
         .start();
-    let client = Client::new(&tollgate);
+    let client = Client::of(&tollgate);
     let config = tollgate.config_dir();
 
     assert_eq!(
@@ -644,44 +658,32 @@ descriptors:
     );
 
     // A new file in the config directory adds a domain.
-    std::fs::write(
-        config.join("api.yaml"),
-        "domain: api
+    let api = "domain: api
 descriptors:
   - key: tenant
     rate_limit: {window: 90s, requests_per_unit: 30, failure_mode: deny}
-",
-    )
-    .expect("write api.yaml");
-    let with_api = rows(&[
+";
+    let with_api = [
         "api.tenant        sliding_window_counter   30  1m30s   failure_mode=deny",
         "edge.path_/login  sliding_window_log      100  minute  -",
         "edge.user         sliding_window_counter    5  minute  name=per-user",
-    ]);
-    client.poll("/rlconfig", "the api domain to load", |reply| {
-        table(&reply.body) == with_api
-    });
+    ];
+    reload(&client, config, ("api.yaml", api), &with_api);
     let (status, answer) = client.json(&request("api", &[&[("tenant", "t1")]]));
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["statuses"][0]["limitRemaining"], 29, "{answer}");
 
     // A changed file changes its limits.
-    std::fs::write(
-        config.join("edge.yaml"),
-        "domain: edge
+    let edge = "domain: edge
 descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 7, name: per-user}
-",
-    )
-    .expect("rewrite edge.yaml");
-    let reloaded = rows(&[
+";
+    let reloaded = [
         "api.tenant  sliding_window_counter  30  1m30s   failure_mode=deny",
         "edge.user   sliding_window_counter   7  minute  name=per-user",
-    ]);
-    client.poll("/rlconfig", "edge.yaml to reload", |reply| {
-        table(&reply.body) == reloaded
-    });
+    ];
+    let reloaded = reload(&client, config, ("edge.yaml", edge), &reloaded);
     let (_, answer) = client.json(&request("edge", &[&[("user", "erin")]]));
     assert_eq!(
         answer["statuses"][0]["currentLimit"]["requestsPerUnit"], 7,
@@ -700,15 +702,9 @@ descriptors:
 ",
     )
     .expect("write broken.yaml");
-    let deadline = Instant::now() + POLL_LIMIT;
-    while failures(&tollgate.log()) == failed_before {
-        assert!(
-            Instant::now() < deadline,
-            "no failed reload logged:\n{}",
-            tollgate.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait::until("a failed reload in the log", POLL_LIMIT, || {
+        failures(&tollgate.log()) > failed_before
+    });
     assert!(tollgate.log().contains("rate_limt"), "{}", tollgate.log());
     assert_eq!(rlconfig(&client), reloaded);
     let (status, answer) = client.json(&request("edge", &[&[("user", "erin")]]));
@@ -718,22 +714,16 @@ descriptors:
 
     // Once the broken file is gone, reloads take again.
     std::fs::remove_file(config.join("broken.yaml")).expect("remove broken.yaml");
-    std::fs::write(
-        config.join("api.yaml"),
-        "domain: api
+    let api = "domain: api
 descriptors:
   - key: tenant
     rate_limit: {unit: hour, requests_per_unit: 40}
-",
-    )
-    .expect("rewrite api.yaml");
-    let recovered = rows(&[
+";
+    let recovered = [
         "api.tenant  sliding_window_counter  40  hour    -",
         "edge.user   sliding_window_counter   7  minute  name=per-user",
-    ]);
-    client.poll("/rlconfig", "the fixed config to load", |reply| {
-        table(&reply.body) == recovered
-    });
+    ];
+    reload(&client, config, ("api.yaml", api), &recovered);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -751,8 +741,8 @@ fn sample(metrics: &str, name: &str) -> f64 {
 
 #[test]
 fn metrics_count_requests_by_code() {
-    let tollgate = Tollgate::start(&per_user_per_minute(2));
-    let mut client = Client::new(&tollgate);
+    let tollgate = InProcess::start(&per_user_per_minute(2));
+    let mut client = Client::of_in_process(&tollgate);
 
     let before = client.get("/metrics");
     assert_eq!(before.status, 200, "{before:?}");
@@ -822,7 +812,7 @@ fn healthcheck_follows_redis_going_and_coming_back() {
         .policy("edge.yaml", REDIS_POLICY)
         .args(["--backend", "redis", "--redis-url", &redis.url()])
         .start_alive();
-    let mut client = Client::new(&tollgate);
+    let mut client = Client::of(&tollgate);
 
     let down = client.poll("/healthcheck", "a failed Redis probe", |reply| {
         reply.status == 503 && !reply.body.contains("not probed yet")
@@ -906,7 +896,7 @@ fn sigterm_drains_and_exits_zero() {
         .policy("config.yaml", &per_user_per_minute(5))
         .args(["--drain-timeout", "1s"])
         .start();
-    let client = Client::new(&tollgate);
+    let client = Client::of(&tollgate);
     let runtime = &client.runtime;
 
     // Health watchers see the switch as it happens.
@@ -914,7 +904,7 @@ fn sigterm_drains_and_exits_zero() {
         .into_iter()
         .map(|service| {
             runtime.block_on(async {
-                let channel = connect(tollgate.grpc_addr()).await.expect("connect");
+                let channel = channel(tollgate.grpc_addr()).await.expect("connect");
                 let mut stream = HealthClient::new(channel)
                     .watch(HealthCheckRequest {
                         service: service.to_owned(),
@@ -949,24 +939,27 @@ fn sigterm_drains_and_exits_zero() {
     tollgate.terminate();
 
     for (service, stream) in &mut watchers {
+        // A watch stream may repeat an unchanged status (every backend probe publishes it
+        // again); the first status that differs is the switch.
+        let changed = async {
+            loop {
+                let message = stream.message().await.expect("a status").expect("one");
+                if message.status() != ServingStatus::Serving {
+                    return message.status();
+                }
+            }
+        };
         let next = runtime
-            .block_on(async { tokio::time::timeout(POLL_LIMIT, stream.message()).await })
-            .unwrap_or_else(|_| panic!("no health change of {service:?} after SIGTERM"))
-            .expect("a status")
-            .expect("one");
-        assert_eq!(next.status(), ServingStatus::NotServing, "{service}");
+            .block_on(async { tokio::time::timeout(POLL_LIMIT, changed).await })
+            .unwrap_or_else(|_| panic!("no health change of {service:?} after SIGTERM"));
+        assert_eq!(next, ServingStatus::NotServing, "{service}");
     }
 
     // The listeners close once draining has begun...
-    let deadline = Instant::now() + POLL_LIMIT;
     for addr in [tollgate.http_addr(), tollgate.grpc_addr()] {
-        while TcpStream::connect(addr).is_ok() {
-            assert!(
-                Instant::now() < deadline,
-                "{addr} still accepts connections"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait::until(&format!("{addr} to refuse connections"), POLL_LIMIT, || {
+            TcpStream::connect(addr).is_err()
+        });
     }
 
     // ...and the call in flight still gets its answer.

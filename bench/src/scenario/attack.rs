@@ -1,0 +1,284 @@
+//! `attack`: one key hammered far over its limit from many connections, as a client that ignores
+//! OVER_LIMIT would do.
+//!
+//! The limit is small, so the warmup fills it and almost every measured call is refused. What
+//! matters is what a refusal costs: decisions per second, tollgate's CPU per decision and, on the
+//! Redis backends, how many script calls each refused decision makes (from `INFO commandstats`,
+//! reset before every run). Without a local record of what is over its limit, every refusal is
+//! one script call; a cache of OVER_LIMIT answers brings that towards zero.
+//!
+//! tollgate runs with `--failure-mode allow` here, so a backend call that failed shows as an
+//! admitted hit instead of hiding among the refusals.
+
+use std::fmt::Write as _;
+
+use anyhow::bail;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::doc::{
+    Align, Table, count, count_range, fixed, measured, median, ms, percent, range, ratio, times,
+};
+use crate::load::summary::Summary;
+use crate::scenario::{
+    Algorithm, Bench, Phase, Scenario, ScenarioName, conditions_of, micros_per, policy, records_of,
+    say, uniform_shape,
+};
+use crate::stand::{Backend, Stand};
+
+/// The options of `attack`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AttackOptions {
+    /// Backends to attack, comma-separated.
+    #[arg(long = "backends", value_enum, value_delimiter = ',', default_values_t = [Backend::Memory, Backend::Redis, Backend::RedisCluster])]
+    pub backends: Vec<Backend>,
+
+    /// Hits a minute the attacked key may make.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub limit: u64,
+
+    /// Algorithm of the limit.
+    #[arg(long = "algorithm", value_enum, default_value_t = Algorithm::Counter)]
+    pub algorithm: Algorithm,
+
+    /// Calls in flight, over all connections.
+    #[arg(long = "concurrency", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+
+    /// HTTP/2 connections of the load generator (the attacker's clients).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+}
+
+/// The `attack` scenario.
+pub struct Attack {
+    options: AttackOptions,
+}
+
+impl Attack {
+    /// The scenario with `options`.
+    pub fn new(options: AttackOptions) -> Attack {
+        Attack { options }
+    }
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttackRun {
+    /// Where the counters live.
+    pub backend: Backend,
+    /// Run number, from 1.
+    pub run: u32,
+    /// The limit's algorithm.
+    pub algorithm: Algorithm,
+    /// Hits a minute.
+    pub limit: u64,
+    /// Calls in flight.
+    pub concurrency: u32,
+    /// HTTP/2 connections.
+    pub connections: u32,
+    /// What the load generator saw.
+    pub load: Summary,
+    /// Script calls the Redis masters served (none for memory).
+    pub script_calls: Option<u64>,
+    /// CPU seconds of tollgate.
+    pub tollgate_cpu_seconds: f64,
+    /// CPU seconds of all Redis processes.
+    pub redis_cpu_seconds: f64,
+}
+
+impl AttackRun {
+    fn calls_per_rejection(&self) -> Option<f64> {
+        let calls = self.script_calls?;
+        (self.load.over_limit > 0).then(|| calls as f64 / self.load.over_limit as f64)
+    }
+
+    fn rejected_share(&self) -> Option<f64> {
+        (self.load.decisions > 0).then(|| self.load.over_limit as f64 / self.load.decisions as f64)
+    }
+}
+
+const KEY: &str = "attacked";
+
+impl Scenario for Attack {
+    fn name(&self) -> ScenarioName {
+        ScenarioName::Attack
+    }
+
+    fn run(&self, bench: &mut Bench) -> anyhow::Result<()> {
+        let options = &self.options;
+        let policy = policy(&[(KEY.to_owned(), options.algorithm, options.limit, 1)]);
+        for &backend in &options.backends {
+            bench.servers.ensure(backend);
+            let stand = Stand::start(&bench.servers, backend, &policy, "allow")?;
+            let connections = bench
+                .loader
+                .connect(&[stand.grpc_addr()], options.connections)?;
+            stand.nodes.flush();
+            let phase = |duration| Phase {
+                shape: uniform_shape(vec![KEY.to_owned()], 1),
+                concurrency: options.concurrency,
+                rate: None,
+                duration,
+            };
+            for run in 1..=bench.scale.runs {
+                // The warmup spends the limit, so the measured calls are (almost) all refused.
+                let warmup = bench
+                    .loader
+                    .drive(&connections, &phase(bench.scale.warmup))?;
+                if warmup.decisions == 0 && !bench.scale.warmup.is_zero() {
+                    bail!(
+                        "tollgate ({backend}) answered no call in the warmup: {:?}\n{}",
+                        warmup.errors_by_code,
+                        stand.tollgate.log()
+                    );
+                }
+                stand.nodes.reset_stats();
+                let before = (stand.tollgate_cpu_seconds()?, stand.redis_cpu_seconds()?);
+                let load = bench
+                    .loader
+                    .drive(&connections, &phase(bench.scale.duration))?;
+                let after = (stand.tollgate_cpu_seconds()?, stand.redis_cpu_seconds()?);
+                let script_calls = if backend == Backend::Memory {
+                    None
+                } else {
+                    Some(stand.nodes.script_calls()?.values().sum())
+                };
+                let result = AttackRun {
+                    backend,
+                    run,
+                    algorithm: options.algorithm,
+                    limit: options.limit,
+                    concurrency: options.concurrency,
+                    connections: options.connections,
+                    load,
+                    script_calls,
+                    tollgate_cpu_seconds: after.0 - before.0,
+                    redis_cpu_seconds: after.1 - before.1,
+                };
+                say(&format!(
+                    "  attack {backend} run {run}: {}/s, {} refused, {} script calls per refusal, errors {}",
+                    count(Some(result.load.decisions_per_second)),
+                    percent(result.rejected_share()),
+                    fixed(result.calls_per_rejection(), 2),
+                    result.load.errors
+                ));
+                bench.records.record("run", &result)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn render(&self, records: &[Value]) -> anyhow::Result<String> {
+        render(records)
+    }
+}
+
+/// The attack section of the report.
+pub fn render(records: &[Value]) -> anyhow::Result<String> {
+    let conditions = conditions_of(records)?;
+    let runs: Vec<AttackRun> = records_of(records, "run")?;
+    let Some(first) = runs.first() else {
+        bail!("the attack results hold no run");
+    };
+    let mut backends: Vec<Backend> = Vec::new();
+    for run in &runs {
+        if !backends.contains(&run.backend) {
+            backends.push(run.backend);
+        }
+    }
+    let of = |backend: Backend| -> Vec<&AttackRun> {
+        runs.iter().filter(|r| r.backend == backend).collect()
+    };
+    let rate = |backend: Backend| median(of(backend).iter().map(|r| r.load.decisions_per_second));
+
+    let mut out = String::new();
+    let _ = writeln!(out, "### One key far over its limit\n");
+    let _ = writeln!(
+        out,
+        "{} One descriptor, always the same value, limited to {} hits a minute ({}), sent closed \
+         loop by {} calls in flight over {} HTTP/2 connections; the warmup spends the limit, so \
+         nearly every measured call is refused. *Script calls per refusal*: `evalsha` and `eval` \
+         calls the Redis masters served during the run (from `INFO commandstats`) over the \
+         refused decisions. tollgate runs with `--failure-mode allow`, so a failed backend call \
+         would show among the admitted.\n",
+        measured(&conditions),
+        first.limit,
+        first.algorithm.name(),
+        first.concurrency,
+        first.connections,
+    );
+    let mut table = Table::new(&[
+        ("backend", Align::Left),
+        ("decisions/s", Align::Right),
+        ("min–max", Align::Right),
+        ("refused", Align::Right),
+        ("admitted", Align::Right),
+        ("script calls per refusal", Align::Right),
+        ("tollgate CPU µs/decision", Align::Right),
+        ("Redis CPU µs/decision", Align::Right),
+        ("p50 ms", Align::Right),
+        ("p99 ms", Align::Right),
+        ("errors", Align::Right),
+    ]);
+    for &backend in &backends {
+        let runs = of(backend);
+        let is_memory = backend == Backend::Memory;
+        table.row(vec![
+            backend.to_string(),
+            count(rate(backend)),
+            count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
+            percent(median(runs.iter().filter_map(|r| r.rejected_share()))),
+            runs.iter().map(|r| r.load.ok).sum::<u64>().to_string(),
+            fixed(
+                median(runs.iter().filter_map(|r| r.calls_per_rejection())),
+                2,
+            ),
+            fixed(
+                median(
+                    runs.iter()
+                        .filter_map(|r| micros_per(r.tollgate_cpu_seconds, r.load.decisions)),
+                ),
+                1,
+            ),
+            if is_memory {
+                crate::doc::NONE.to_owned()
+            } else {
+                fixed(
+                    median(
+                        runs.iter()
+                            .filter_map(|r| micros_per(r.redis_cpu_seconds, r.load.decisions)),
+                    ),
+                    1,
+                )
+            },
+            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
+            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
+            runs.iter()
+                .map(|r| r.load.errors + r.load.unknown)
+                .sum::<u64>()
+                .to_string(),
+        ]);
+    }
+    out.push_str(&table.render());
+    if backends.contains(&Backend::Memory) {
+        let others: Vec<String> = backends
+            .iter()
+            .filter(|b| **b != Backend::Memory)
+            .map(|&b| {
+                format!(
+                    "memory ÷ {b} {}",
+                    times(ratio(rate(Backend::Memory), rate(b)))
+                )
+            })
+            .collect();
+        if !others.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nDecisions/s under attack, same run: {}.",
+                others.join(", ")
+            );
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,516 @@
+//! Scenarios: each starts what it needs (tollgate on a backend, Redis servers, redis-benchmark),
+//! measures, keeps every run as one JSON record, and renders its records as a section of
+//! `docs/performance.md`.
+//!
+//! Adding a scenario is a new module with a type implementing [`Scenario`], an entry in
+//! [`ScenarioName`] and in [`scenario`] (which `report` runs), and a subcommand in `main.rs`
+//! for running it alone with its own options. A scenario gets a [`Bench`]: the scale of the run,
+//! the shared Redis servers, a load generator, and the recorder its JSON lines go to. It may
+//! start several tollgate processes on the same servers ([`crate::stand::Stand`]) and spread its
+//! load over all of them ([`Loader::connect`]). Its render function reads only its own
+//! records, so a report can be written again from `target/bench/*.jsonl` without measuring
+//! (`report --render-only`).
+
+pub mod attack;
+pub mod hotkey;
+pub mod matrix;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use clap::ValueEnum;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::runtime::Runtime;
+use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
+
+use crate::load::args::Stop;
+use crate::load::generator::{Load, Shape, connect};
+use crate::load::keys::KeySampler;
+use crate::load::summary::Summary;
+use crate::machine::{Conditions, Machine, utc};
+use crate::stand::Servers;
+
+/// The scenarios, by the name the command line, the records and the report use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum ScenarioName {
+    /// Backend × algorithm × shards × concurrency, beside the redis-benchmark ceiling.
+    Matrix,
+    /// One hot limit on the cluster, unsharded and sharded.
+    Hotkey,
+    /// One key hammered far over its limit.
+    Attack,
+}
+
+impl ScenarioName {
+    /// Every scenario, in report order.
+    pub const ALL: [ScenarioName; 3] = [
+        ScenarioName::Matrix,
+        ScenarioName::Hotkey,
+        ScenarioName::Attack,
+    ];
+
+    /// The name in records, file names and report markers.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScenarioName::Matrix => "matrix",
+            ScenarioName::Hotkey => "hotkey",
+            ScenarioName::Attack => "attack",
+        }
+    }
+}
+
+/// The scenario `name` with its default options.
+pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
+    match name {
+        ScenarioName::Matrix => Box::new(matrix::Matrix::new(defaults())),
+        ScenarioName::Hotkey => Box::new(hotkey::Hotkey::new(defaults())),
+        ScenarioName::Attack => Box::new(attack::Attack::new(defaults())),
+    }
+}
+
+/// The options of a scenario as its command line leaves them when no flag is given.
+fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
+    let command = T::augment_args(clap::Command::new("defaults"));
+    let matches = command.get_matches_from(["defaults"]);
+    // Every scenario option has a default or is optional, so an empty command line parses.
+    T::from_arg_matches(&matches).unwrap_or_else(|error| panic!("scenario defaults: {error}"))
+}
+
+/// One benchmark scenario.
+pub trait Scenario {
+    /// Which scenario this is.
+    fn name(&self) -> ScenarioName;
+
+    /// Measures, sending every run to `bench.records`.
+    fn run(&self, bench: &mut Bench) -> anyhow::Result<()>;
+
+    /// The report section of this scenario's `records` (every record of one run of it, its
+    /// [`Conditions`] among them), in Markdown.
+    fn render(&self, records: &[Value]) -> anyhow::Result<String>;
+}
+
+/// How long and how often to measure, shared by every scenario.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScaleArgs {
+    /// Measured runs of every point; reports give their median and min–max [default: 3, 1 with
+    /// --quick].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: Option<u32>,
+
+    /// Length of one measured run, e.g. `5s` [default: 5s, 200ms with --quick].
+    #[arg(long, value_parser = crate::load::args::parse_positive_duration)]
+    pub duration: Option<Duration>,
+
+    /// Load sent before each point is measured, not counted [default: 2s, 100ms with --quick].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub warmup: Option<Duration>,
+
+    /// A smoke run: one short run per point and fewer points (one concurrency level), to check
+    /// that everything works; its numbers mean little. The test that runs the commands of the
+    /// documentation sets the variable, so the documented commands are checked at this scale.
+    #[arg(long, env = "TOLLGATE_BENCH_QUICK")]
+    pub quick: bool,
+
+    /// Where the results go as JSON lines, one file per scenario (`matrix.jsonl`, ...)
+    /// [default: target/bench, or target/bench/quick with --quick, so smoke results never mix
+    /// with real ones].
+    #[arg(long)]
+    pub results_dir: Option<PathBuf>,
+}
+
+impl ScaleArgs {
+    /// Where the results go.
+    pub fn results_dir(&self) -> PathBuf {
+        self.results_dir.clone().unwrap_or_else(|| {
+            let dir = tollgate_testkit::tools::manifest_dir().join("target/bench");
+            if self.quick { dir.join("quick") } else { dir }
+        })
+    }
+}
+
+/// The scale of a run, defaults applied.
+#[derive(Debug, Clone)]
+pub struct Scale {
+    /// Measured runs per point.
+    pub runs: u32,
+    /// One measured run.
+    pub duration: Duration,
+    /// Warmup per point.
+    pub warmup: Duration,
+    /// A smoke run.
+    pub quick: bool,
+}
+
+impl ScaleArgs {
+    /// The scale, with the defaults of a full or a quick run where no flag was given.
+    pub fn scale(&self) -> Scale {
+        let (runs, duration, warmup) = if self.quick {
+            (1, Duration::from_millis(200), Duration::from_millis(100))
+        } else {
+            (3, Duration::from_secs(5), Duration::from_secs(2))
+        };
+        Scale {
+            runs: self.runs.unwrap_or(runs),
+            duration: self.duration.unwrap_or(duration),
+            warmup: self.warmup.unwrap_or(warmup),
+            quick: self.quick,
+        }
+    }
+}
+
+/// Everything a scenario measures with. Its parts are separate fields so a scenario can hold a
+/// [`crate::stand::Stand`] (which borrows the servers) while it drives load and records.
+pub struct Bench {
+    /// How long and how often.
+    pub scale: Scale,
+    /// The Redis servers, started on first use.
+    pub servers: Servers,
+    /// The load generator.
+    pub loader: Loader,
+    /// Where records go.
+    pub records: Recorder,
+    /// The machine, described once.
+    pub machine: Machine,
+}
+
+impl Bench {
+    /// A bench at `scale`, writing results under `results_dir`.
+    pub fn new(scale: Scale, results_dir: &Path) -> anyhow::Result<Bench> {
+        let tollgate_bin = tollgate_testkit::tollgate::tollgate_bin();
+        Ok(Bench {
+            scale,
+            servers: Servers::default(),
+            loader: Loader::new()?,
+            records: Recorder::new(results_dir),
+            machine: Machine::describe(&tollgate_bin),
+        })
+    }
+
+    /// The servers, apart from the rest: a [`crate::stand::Stand`] borrows the servers while
+    /// the scenario drives load and records through the [`Tools`].
+    pub fn split(&mut self) -> (&Servers, Tools<'_>) {
+        (
+            &self.servers,
+            Tools {
+                scale: &self.scale,
+                loader: &self.loader,
+                records: &mut self.records,
+            },
+        )
+    }
+
+    /// Runs `scenario` and answers its records (also written to `<results>/<name>.jsonl`).
+    pub fn run(&mut self, scenario: &dyn Scenario) -> anyhow::Result<Vec<Value>> {
+        let name = scenario.name().name();
+        say(&format!("scenario {name}"));
+        let started = SystemTime::now();
+        let clock = Instant::now();
+        let load_start = crate::proc::load_average();
+        self.records.begin(name)?;
+        scenario.run(self)?;
+        let conditions = Conditions {
+            started: utc(started),
+            seconds: clock.elapsed().as_secs_f64(),
+            load_start,
+            load_end: crate::proc::load_average(),
+            runs: self.scale.runs,
+            duration_seconds: self.scale.duration.as_secs_f64(),
+            warmup_seconds: self.scale.warmup.as_secs_f64(),
+            quick: self.scale.quick,
+            machine: self.machine.clone(),
+        };
+        self.records.finish(&conditions)
+    }
+}
+
+/// What a scenario measures with besides the servers.
+pub struct Tools<'a> {
+    /// How long and how often.
+    pub scale: &'a Scale,
+    /// The load generator.
+    pub loader: &'a Loader,
+    /// Where records go.
+    pub records: &'a mut Recorder,
+}
+
+/// Prints a progress line on standard error.
+pub fn say(line: &str) {
+    eprintln!("tollgate-bench: {line}");
+}
+
+/// The JSON records of the scenario being run: each written as one line of
+/// `<results>/<scenario>.jsonl` as soon as it is measured (so an interrupted run keeps what it
+/// measured), and the [`Conditions`] as the last line once the scenario is done.
+pub struct Recorder {
+    dir: PathBuf,
+    scenario: String,
+    records: Vec<Value>,
+    out: Option<BufWriter<File>>,
+}
+
+impl Recorder {
+    fn new(dir: &Path) -> Recorder {
+        Recorder {
+            dir: dir.to_owned(),
+            scenario: String::new(),
+            records: Vec::new(),
+            out: None,
+        }
+    }
+
+    fn begin(&mut self, scenario: &str) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        let path = self.path(scenario);
+        let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        self.out = Some(BufWriter::new(file));
+        self.scenario = scenario.to_owned();
+        self.records.clear();
+        Ok(())
+    }
+
+    /// Keeps `record` (a struct that serializes to a JSON object) with `"scenario"` and
+    /// `"kind"` fields added.
+    pub fn record<T: Serialize>(&mut self, kind: &str, record: &T) -> anyhow::Result<()> {
+        let mut value = serde_json::to_value(record)?;
+        let Some(object) = value.as_object_mut() else {
+            bail!("a {kind} record is not a JSON object");
+        };
+        object.insert("scenario".into(), Value::from(self.scenario.as_str()));
+        object.insert("kind".into(), Value::from(kind));
+        if let Some(out) = self.out.as_mut() {
+            serde_json::to_writer(&mut *out, &value)?;
+            out.write_all(b"\n")?;
+            out.flush()
+                .with_context(|| format!("writing {}", self.path(&self.scenario).display()))?;
+        }
+        self.records.push(value);
+        Ok(())
+    }
+
+    fn finish(&mut self, conditions: &Conditions) -> anyhow::Result<Vec<Value>> {
+        self.record("conditions", conditions)?;
+        self.out = None;
+        say(&format!("results: {}", self.path(&self.scenario).display()));
+        Ok(std::mem::take(&mut self.records))
+    }
+
+    fn path(&self, scenario: &str) -> PathBuf {
+        self.dir.join(format!("{scenario}.jsonl"))
+    }
+}
+
+/// Reads the records a previous run of `scenario` left in `dir`.
+pub fn read_records(dir: &Path, scenario: ScenarioName) -> anyhow::Result<Vec<Value>> {
+    let path = dir.join(format!("{}.jsonl", scenario.name()));
+    let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    BufReader::new(file)
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !matches!(line, Ok(line) if line.trim().is_empty()))
+        .map(|(number, line)| {
+            let line = line.with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&line)
+                .with_context(|| format!("{}:{}: not a JSON record", path.display(), number + 1))
+        })
+        .collect()
+}
+
+/// The records of `kind` among `records`, as `T`.
+pub fn records_of<T: DeserializeOwned>(records: &[Value], kind: &str) -> anyhow::Result<Vec<T>> {
+    records
+        .iter()
+        .filter(|record| record["kind"] == kind)
+        .map(|record| {
+            serde_json::from_value(record.clone())
+                .with_context(|| format!("a `{kind}` record that does not parse: {record}"))
+        })
+        .collect()
+}
+
+/// The [`Conditions`] among `records`.
+pub fn conditions_of(records: &[Value]) -> anyhow::Result<Conditions> {
+    records_of::<Conditions>(records, "conditions")?
+        .into_iter()
+        .next()
+        .context("the results have no conditions record")
+}
+
+/// The load generator of the scenarios: the same one `tollgate-bench load` runs, in this process.
+pub struct Loader {
+    runtime: Runtime,
+}
+
+/// Connections to one tollgate, reused by every phase sent to it.
+pub struct Connections {
+    clients: Vec<RateLimitServiceClient<Channel>>,
+}
+
+/// One phase of load.
+#[derive(Debug, Clone)]
+pub struct Phase {
+    /// What requests look like.
+    pub shape: Arc<Shape>,
+    /// Calls in flight.
+    pub concurrency: u32,
+    /// Open-loop rate, or closed loop.
+    pub rate: Option<f64>,
+    /// How long.
+    pub duration: Duration,
+}
+
+/// Deadline of one call of a scenario: far above any latency a working stand has, so only a
+/// stalled server trips it.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Loader {
+    fn new() -> anyhow::Result<Loader> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the load generator's runtime")?;
+        Ok(Loader { runtime })
+    }
+
+    /// Opens `connections` HTTP/2 connections to each gRPC server of `addrs`; the calls in flight
+    /// of a phase are spread evenly over all of them (and so over the servers).
+    pub fn connect(
+        &self,
+        addrs: &[std::net::SocketAddr],
+        connections: u32,
+    ) -> anyhow::Result<Connections> {
+        let mut clients = Vec::new();
+        for addr in addrs {
+            clients.extend(
+                self.runtime
+                    .block_on(connect(&format!("http://{addr}"), connections))?,
+            );
+        }
+        Ok(Connections { clients })
+    }
+
+    /// Sends `phase` over `connections` and summarises it.
+    pub fn drive(&self, connections: &Connections, phase: &Phase) -> anyhow::Result<Summary> {
+        let load = Load {
+            clients: connections.clients.clone(),
+            concurrency: phase.concurrency,
+            rate: phase.rate,
+            timeout: CALL_TIMEOUT,
+            shape: Arc::clone(&phase.shape),
+            seed: fastrand::u64(..),
+        };
+        let measured = self
+            .runtime
+            .block_on(load.run(Stop::After(phase.duration), 1))?;
+        Ok(Summary::of(&measured))
+    }
+}
+
+/// Requests of domain `bench` with one descriptor per entry key, each with one entry whose value
+/// is drawn uniformly from `0..keys`.
+pub fn uniform_shape(entry_keys: Vec<String>, keys: u64) -> Arc<Shape> {
+    Arc::new(Shape {
+        domain: DOMAIN.to_owned(),
+        entry_keys,
+        sampler: KeySampler::uniform(keys),
+        hits_addend: 1,
+        descriptor_hits_addend: None,
+    })
+}
+
+/// The domain of every scenario's policy.
+pub const DOMAIN: &str = "bench";
+
+/// A limit far above what any machine here can send in its window, so every hit is admitted and
+/// counted; with `--failure-mode deny`, any OVER_LIMIT is then a failed backend call.
+pub const UNREACHABLE_LIMIT: u64 = 4_000_000_000;
+
+/// The window of every scenario's limits.
+pub const WINDOW_MS: u64 = 60_000;
+
+/// The sliding-window algorithm of a limit.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// `sliding_window_counter`: two fixed-window counts per key.
+    Counter,
+    /// `sliding_window_log`: one entry per admitted hit.
+    Log,
+}
+
+impl Algorithm {
+    /// The name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Counter => "counter",
+            Algorithm::Log => "log",
+        }
+    }
+
+    /// The `rate_limit.algorithm` of a policy.
+    pub fn policy_name(self) -> &'static str {
+        match self {
+            Algorithm::Counter => "sliding_window_counter",
+            Algorithm::Log => "sliding_window_log",
+        }
+    }
+}
+
+/// A policy of domain `bench`: one descriptor key per `(key, algorithm, limit, shards)`, a
+/// minute window each.
+pub fn policy(limits: &[(String, Algorithm, u64, u16)]) -> String {
+    let mut yaml = format!("domain: {DOMAIN}\ndescriptors:\n");
+    for (key, algorithm, limit, shards) in limits {
+        yaml.push_str(&format!(
+            "  - key: {key}\n    rate_limit: {{unit: minute, requests_per_unit: {limit}, algorithm: {}, shards: {shards}}}\n",
+            algorithm.policy_name()
+        ));
+    }
+    yaml
+}
+
+/// Seconds of CPU per event, in microseconds.
+pub fn micros_per(seconds: f64, events: u64) -> Option<f64> {
+    (events > 0).then(|| seconds / events as f64 * 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_has_defaults_and_its_name() {
+        for name in ScenarioName::ALL {
+            assert_eq!(scenario(name).name(), name);
+        }
+    }
+
+    #[test]
+    fn policies_name_every_limit() {
+        let yaml = policy(&[("log_s8_0".into(), Algorithm::Log, 100, 8)]);
+        assert_eq!(
+            yaml,
+            "domain: bench\ndescriptors:\n  - key: log_s8_0\n    rate_limit: {unit: minute, \
+             requests_per_unit: 100, algorithm: sliding_window_log, shards: 8}\n"
+        );
+    }
+}

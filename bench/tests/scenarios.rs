@@ -1,0 +1,294 @@
+//! Runs every scenario at the smallest scale (`tollgate-bench report --quick`: one run of 200 ms
+//! per point) against real servers — the tollgate binary, a redis-server, a Redis Cluster of
+//! three masters and three replicas, redis-benchmark — and checks that the results and the
+//! report are well formed and their numbers sane. Nothing here asserts on timing: a slow machine
+//! gives small numbers, never a failure.
+//!
+//! The scenarios run the `tollgate` binary cargo built beside this test (`cargo test
+//! --workspace` builds it; with `-p tollgate-bench` alone, build it first with `cargo build
+//! --bin tollgate`, or set `$TOLLGATE_BIN`).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+        .args(args)
+        .output()
+        .expect("run tollgate-bench")
+}
+
+fn assert_success(output: &Output) {
+    assert!(
+        output.status.success(),
+        "tollgate-bench failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The JSON lines of one scenario, each checked to be an object naming its scenario and kind.
+fn records(dir: &Path, scenario: &str) -> Vec<Value> {
+    let path = dir.join(format!("{scenario}.jsonl"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("reading {}: {err}", path.display()));
+    let records: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|err| panic!("{line}: {err}")))
+        .collect();
+    for record in &records {
+        assert_eq!(record["scenario"], scenario, "{record}");
+        assert!(record["kind"].is_string(), "{record}");
+    }
+    let conditions: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "conditions")
+        .collect();
+    assert_eq!(conditions.len(), 1, "{scenario}: one conditions record");
+    assert_eq!(conditions[0]["quick"], true);
+    assert_eq!(conditions[0]["runs"], 1);
+    assert!(conditions[0]["machine"]["cpus"].as_u64().unwrap() >= 1);
+    records
+}
+
+fn of_kind<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    records.iter().filter(|r| r["kind"] == kind).collect()
+}
+
+fn number(value: &Value, path: &[&str]) -> f64 {
+    let mut at = value;
+    for key in path {
+        at = &at[*key];
+    }
+    at.as_f64()
+        .unwrap_or_else(|| panic!("{} is not a number in {value}", path.join(".")))
+}
+
+/// The rows of the Markdown table that follows the line containing `heading` in `doc`, as cells.
+fn table_after(doc: &str, heading: &str) -> Vec<Vec<String>> {
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("`{heading}` is not in the report:\n{doc}"));
+    let rows: Vec<Vec<String>> = doc[start..]
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .skip(2) // header and rule
+        .map(|line| {
+            line.trim_matches('|')
+                .split(" | ")
+                .map(|cell| cell.trim().to_owned())
+                .collect()
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no table after `{heading}`");
+    rows
+}
+
+fn marker(name: &str, which: &str) -> String {
+    match which {
+        "begin" => format!(
+            "<!-- tollgate-bench report: {name} begins; edits up to its end marker are overwritten -->"
+        ),
+        _ => format!("<!-- tollgate-bench report: {name} ends -->"),
+    }
+}
+
+#[test]
+fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let out = dir.path().join("performance.md");
+    std::fs::write(
+        &out,
+        format!(
+            "# Performance\n\nWritten by hand before.\n\n{}\nstale numbers\n{}\n\nWritten by hand after.\n",
+            marker("matrix", "begin"),
+            marker("matrix", "end")
+        ),
+    )
+    .unwrap();
+
+    let output = bench(&[
+        "report",
+        "--quick",
+        "--results-dir",
+        results.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_success(&output);
+    let doc = std::fs::read_to_string(&out).unwrap();
+
+    // The hand-written text stays, the stale section is replaced, every section is there once.
+    assert!(doc.contains("Written by hand before."), "{doc}");
+    assert!(doc.contains("Written by hand after."), "{doc}");
+    assert!(!doc.contains("stale numbers"), "{doc}");
+    for name in ["machine", "matrix", "hotkey", "attack"] {
+        for which in ["begin", "end"] {
+            assert_eq!(
+                doc.matches(&marker(name, which)).count(),
+                1,
+                "{name} {which}"
+            );
+        }
+    }
+    assert!(doc.contains("A smoke run (`--quick`)"), "{doc}");
+
+    // matrix: every backend × algorithm × shard count ran, peak and half, and decided.
+    let matrix = records(&results, "matrix");
+    let runs = of_kind(&matrix, "tollgate");
+    for backend in ["memory", "redis", "redis-cluster"] {
+        for algorithm in ["counter", "log"] {
+            for shards in [1, 8] {
+                for mode in ["peak", "half"] {
+                    let run = runs
+                        .iter()
+                        .find(|r| {
+                            r["backend"] == backend
+                                && r["algorithm"] == algorithm
+                                && r["shards"] == shards
+                                && r["mode"] == mode
+                        })
+                        .unwrap_or_else(|| panic!("no {backend} {algorithm} {shards} {mode} run"));
+                    assert!(number(run, &["load", "decisions"]) > 0.0, "{run}");
+                    assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
+                    assert!(
+                        number(run, &["load", "decisions_per_second"]) > 0.0,
+                        "{run}"
+                    );
+                    assert!(number(run, &["tollgate_cpu_seconds"]) >= 0.0, "{run}");
+                    let latency = &run["load"]["latency_us"];
+                    assert!(
+                        number(latency, &["p50"]) <= number(latency, &["p99"]),
+                        "{run}"
+                    );
+                    if mode == "half" {
+                        assert!(number(run, &["target_rate"]) > 0.0, "{run}");
+                    }
+                }
+            }
+        }
+    }
+    let ceilings = of_kind(&matrix, "ceiling");
+    for backend in ["redis", "redis-cluster"] {
+        for algorithm in ["counter", "log"] {
+            let ceiling = ceilings
+                .iter()
+                .find(|r| r["backend"] == backend && r["algorithm"] == algorithm)
+                .unwrap_or_else(|| panic!("no {backend} {algorithm} ceiling"));
+            assert!(number(ceiling, &["calls_per_second"]) > 0.0, "{ceiling}");
+            assert!(number(ceiling, &["requests"]) >= 1000.0, "{ceiling}");
+            assert!(
+                ceiling["command"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("redis-benchmark "),
+                "{ceiling}"
+            );
+        }
+    }
+    // Every ratio of the matrix has both of its numbers.
+    for row in table_after(&doc, "#### Ratios") {
+        assert!(row.iter().all(|cell| cell != "–"), "{row:?}");
+        assert!(row[3].ends_with('×') && row[5].ends_with('%'), "{row:?}");
+    }
+    let peaks = table_after(&doc, "#### Peak: closed loop");
+    assert_eq!(peaks.len(), 12, "{peaks:?}");
+
+    // hotkey: unsharded, one master serves every script call; sharded, they spread.
+    let hotkey = records(&results, "hotkey");
+    let hot = of_kind(&hotkey, "run");
+    for shards in [1, 8] {
+        let run = hot
+            .iter()
+            .find(|r| r["shards"] == shards)
+            .unwrap_or_else(|| panic!("no hotkey run with {shards} shards"));
+        let masters = run["masters"].as_array().unwrap();
+        assert_eq!(masters.len(), 3, "{run}");
+        let calls: Vec<f64> = masters
+            .iter()
+            .map(|m| number(m, &["script_calls"]))
+            .collect();
+        let busy = calls.iter().filter(|c| **c > 0.0).count();
+        assert!(
+            calls.iter().sum::<f64>() >= number(run, &["load", "ok"]),
+            "every admitted hit is a script call: {run}"
+        );
+        if shards == 1 {
+            assert_eq!(busy, 1, "{run}");
+        } else {
+            assert!(busy >= 2, "{run}");
+        }
+    }
+    let hot_rows = table_after(&doc, "### One hot limit");
+    assert_eq!(hot_rows.len(), 2, "{hot_rows:?}");
+    assert_eq!(hot_rows[0][5], "100%", "{hot_rows:?}");
+    assert!(doc.contains("`shards: 8` over `shards: 1`"), "{doc}");
+
+    // attack: refusals on every backend; script calls counted on the Redis ones.
+    let attack = records(&results, "attack");
+    let attacks = of_kind(&attack, "run");
+    for backend in ["memory", "redis", "redis-cluster"] {
+        let run = attacks
+            .iter()
+            .find(|r| r["backend"] == backend)
+            .unwrap_or_else(|| panic!("no attack run on {backend}"));
+        assert!(number(run, &["load", "over_limit"]) > 0.0, "{run}");
+        assert_eq!(run["limit"], 100);
+        assert_eq!(run["script_calls"].is_null(), backend == "memory", "{run}");
+    }
+    let attack_rows = table_after(&doc, "### One key far over its limit");
+    assert_eq!(attack_rows.len(), 3, "{attack_rows:?}");
+    for row in &attack_rows[1..] {
+        let calls: f64 = row[5].parse().unwrap_or_else(|_| panic!("{row:?}"));
+        assert!(calls >= 0.0, "{row:?}");
+    }
+
+    // The report is a function of the results alone.
+    let again = dir.path().join("again.md");
+    std::fs::copy(&out, &again).unwrap();
+    let output = bench(&[
+        "report",
+        "--render-only",
+        "--results-dir",
+        results.to_str().unwrap(),
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    assert_success(&output);
+    assert_eq!(std::fs::read_to_string(&again).unwrap(), doc);
+}
+
+#[test]
+fn bad_flags_and_missing_results_are_named() {
+    let output = bench(&["matrix", "--backends", "postgres"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("postgres") && stderr.contains("--backends"),
+        "{stderr}"
+    );
+
+    let output = bench(&["hotkey", "--shards", "0"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--shards"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let output = bench(&[
+        "report",
+        "--render-only",
+        "--scenarios",
+        "attack",
+        "--results-dir",
+        dir.path().to_str().unwrap(),
+        "--out",
+        dir.path().join("out.md").to_str().unwrap(),
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("attack.jsonl"), "{stderr}");
+}

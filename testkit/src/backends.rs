@@ -1,0 +1,154 @@
+//! Backend stacks for tests: one type ([`TestBackend`]) that holds any composition of decorators
+//! over any store, so one test body runs against all of them, and the test-only decorators that
+//! make the compositions the tests need ([`ForceShards`], [`ClockedRedis`]).
+
+use std::fmt;
+
+use tollgate::backend::{Backend, BackendError, Hit, Outcome, Receipt, RedisBackend};
+use tollgate::clock::{Clock, ManualClock};
+
+/// [`Backend`] in a form that can live behind a pointer: its methods return boxed futures. In a
+/// module of its own so that its methods never shadow [`Backend`]'s on the decorators below.
+mod erased {
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use tollgate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+
+    type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+    pub(super) trait DynBackend: Send + Sync + 'static {
+        fn acquire<'a>(
+            &'a self,
+            hits: &'a [Hit],
+        ) -> BoxFuture<'a, Vec<Result<Outcome, BackendError>>>;
+        fn release<'a>(
+            &'a self,
+            receipts: &'a [Receipt],
+        ) -> BoxFuture<'a, Result<(), BackendError>>;
+        fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>>;
+    }
+
+    impl<B: Backend> DynBackend for B {
+        fn acquire<'a>(
+            &'a self,
+            hits: &'a [Hit],
+        ) -> BoxFuture<'a, Vec<Result<Outcome, BackendError>>> {
+            Box::pin(Backend::acquire(self, hits))
+        }
+
+        fn release<'a>(
+            &'a self,
+            receipts: &'a [Receipt],
+        ) -> BoxFuture<'a, Result<(), BackendError>> {
+            Box::pin(Backend::release(self, receipts))
+        }
+
+        fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+            Box::pin(Backend::ping(self))
+        }
+    }
+}
+
+/// Any backend stack, behind one type: what a test target hands to a limiter or a backend-level
+/// case, so a case is written once for every composition.
+pub struct TestBackend {
+    name: String,
+    inner: Box<dyn erased::DynBackend>,
+}
+
+impl TestBackend {
+    /// Wraps `backend`; `name` says what it is in failure messages.
+    pub fn new(name: impl Into<String>, backend: impl Backend) -> TestBackend {
+        TestBackend {
+            name: name.into(),
+            inner: Box::new(backend),
+        }
+    }
+}
+
+impl fmt::Debug for TestBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TestBackend").field(&self.name).finish()
+    }
+}
+
+impl Backend for TestBackend {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        self.inner.acquire(hits).await
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        self.inner.release(receipts).await
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        self.inner.ping().await
+    }
+}
+
+/// Splits every limit over at least `shards` shards, as if each had `shards: N` in its policy:
+/// placed above `tollgate::backend::Sharded`, it runs whole suites on sharded windows.
+#[derive(Debug)]
+pub struct ForceShards<B> {
+    inner: B,
+    shards: u16,
+}
+
+impl<B> ForceShards<B> {
+    /// Raises every hit's `shards` to at least `shards` before passing it to `inner`.
+    pub fn new(inner: B, shards: u16) -> Self {
+        ForceShards { inner, shards }
+    }
+}
+
+impl<B: Backend> Backend for ForceShards<B> {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        let hits: Vec<Hit> = hits
+            .iter()
+            .map(|hit| Hit {
+                shards: hit.shards.max(self.shards),
+                ..hit.clone()
+            })
+            .collect();
+        self.inner.acquire(&hits).await
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        self.inner.release(receipts).await
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        self.inner.ping().await
+    }
+}
+
+/// A Redis backend whose scripts decide at the instant a [`ManualClock`] reads instead of the
+/// server's `TIME`, so limiter-level cases can expect exact numbers from Redis as they do from
+/// memory.
+#[derive(Debug)]
+pub struct ClockedRedis {
+    inner: RedisBackend,
+    clock: ManualClock,
+}
+
+impl ClockedRedis {
+    /// Decides on `inner` at the instants `clock` reads.
+    pub fn new(inner: RedisBackend, clock: ManualClock) -> Self {
+        ClockedRedis { inner, clock }
+    }
+}
+
+impl Backend for ClockedRedis {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        self.inner.acquire_at(hits, self.clock.now_ms()).await
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        self.inner.release(receipts).await
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        self.inner.ping().await
+    }
+}

@@ -1,0 +1,159 @@
+//! The Lua scripts against `tollgate::window`, the math the memory backend runs, at instants the
+//! test chooses (`RedisBackend::acquire_at`): every verdict identical, every retry time exact.
+
+use std::collections::BTreeMap;
+
+use tollgate::backend::{Backend, Hit, Outcome, Receipt, RedisBackend};
+use tollgate::window::{self, Algorithm, Cost};
+use tollgate_testkit::cases;
+use tollgate_testkit::hits::{ALGORITHMS, fresh_key, hit};
+use tollgate_testkit::target::{CALL_TIMEOUT, Target};
+
+cases! {
+    scripts_follow_the_window_math: [redis];
+    retry_time_is_the_first_instant_that_admits: [redis];
+}
+
+async fn connect(t: &Target) -> RedisBackend {
+    RedisBackend::connect(&t.redis_server().url(), t.prefix(), CALL_TIMEOUT)
+        .await
+        .expect("connect")
+}
+
+/// The outcome of one hit decided at the instant `now` (ms since the epoch).
+async fn one_at(backend: &RedisBackend, hit: &Hit, now: u64) -> Outcome {
+    backend
+        .acquire_at(std::slice::from_ref(hit), now)
+        .await
+        .remove(0)
+        .expect("decided")
+}
+
+/// Random hits at increasing instants on a few limiters, the same hits fed to a model that keeps
+/// what was admitted and decides with `tollgate::window`; every verdict must be identical, and
+/// every released charge leaves the model too.
+async fn scripts_follow_the_window_math(t: &Target) {
+    let backend = connect(t).await;
+    let mut rng = fastrand::Rng::with_seed(7);
+    // (limit, window): ordinary, tiny, and large enough that limit * window passes 2^53
+    let shapes: [(u64, u64); 5] = [
+        (10, 1000),
+        (3, 7000),
+        (1, 1000),
+        (4_294_967_295, 31_536_000_000),
+        ((1 << 40) + 7, 86_400_000),
+    ];
+    for (limit, window_ms) in shapes {
+        for algorithm in ALGORITHMS {
+            let key = fresh_key("model");
+            let mut now = 1_700_000_000_000 + rng.u64(0..window_ms);
+            let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut entries: Vec<(u64, u64, u64)> = Vec::new(); // (time, cost, id)
+            let mut receipts: Vec<Receipt> = Vec::new();
+            for step in 0..300 {
+                now += match rng.u8(0..10) {
+                    0 => window_ms + rng.u64(0..window_ms),
+                    1..=3 => rng.u64(0..window_ms / 2 + 1),
+                    _ => rng.u64(0..window_ms / 20 + 1),
+                };
+                if rng.u8(0..8) == 0 && !receipts.is_empty() {
+                    let receipt = receipts.swap_remove(rng.usize(0..receipts.len()));
+                    backend
+                        .release(std::slice::from_ref(&receipt))
+                        .await
+                        .expect("release");
+                    match algorithm {
+                        Algorithm::SlidingWindowCounter => {
+                            if let Some(count) = counts.get_mut(&receipt.token) {
+                                *count = count.saturating_sub(receipt.cost);
+                            }
+                        }
+                        Algorithm::SlidingWindowLog => {
+                            entries.retain(|&(_, _, id)| id != receipt.token)
+                        }
+                    }
+                    continue;
+                }
+                let cost = match rng.u8(0..10) {
+                    0 => Cost::CheckOnly,
+                    1 => Cost::Consume(limit + rng.u64(1..3)),
+                    2 => Cost::Consume(rng.u64(1..=limit.max(1))),
+                    _ => Cost::Consume(rng.u64(1..=(limit / 3).clamp(1, 4))),
+                };
+                let h = hit(&key, algorithm, limit, window_ms, cost);
+                let outcome = one_at(&backend, &h, now).await;
+                let k = now / window_ms;
+                let expected = match algorithm {
+                    Algorithm::SlidingWindowCounter => {
+                        let prev = k.checked_sub(1).and_then(|p| counts.get(&p)).copied();
+                        let curr = counts.get(&k).copied();
+                        window::counter_decide(
+                            limit,
+                            window_ms,
+                            now,
+                            prev.unwrap_or(0),
+                            curr.unwrap_or(0),
+                            cost,
+                        )
+                    }
+                    Algorithm::SlidingWindowLog => {
+                        let pairs: Vec<(u64, u64)> =
+                            entries.iter().map(|&(t, c, _)| (t, c)).collect();
+                        window::log_decide(limit, window_ms, now, &pairs, cost)
+                    }
+                };
+                assert_eq!(
+                    outcome.verdict, expected,
+                    "step {step}: {h:?} at {now} (limit {limit}, window {window_ms})"
+                );
+                if let Some(receipt) = outcome.receipt {
+                    let Cost::Consume(units) = cost else {
+                        panic!("a check got a receipt")
+                    };
+                    match algorithm {
+                        Algorithm::SlidingWindowCounter => {
+                            assert_eq!(receipt.token, k);
+                            *counts.entry(k).or_default() += units;
+                        }
+                        Algorithm::SlidingWindowLog => entries.push((now, units, receipt.token)),
+                    }
+                    receipts.push(receipt);
+                }
+            }
+        }
+    }
+}
+
+/// The retry time is exact: the same hit one millisecond earlier is refused, at it admitted.
+async fn retry_time_is_the_first_instant_that_admits(t: &Target) {
+    let backend = connect(t).await;
+    let window_ms = 60_000;
+    let base = 1_700_000_040_000; // a window boundary
+    for algorithm in ALGORITHMS {
+        for (fill_at, fill, cost, ask_at) in [
+            (base + 1000, 10, Cost::Consume(1), base + 30_000),
+            (base + 1000, 10, Cost::Consume(4), base + 50_000),
+            (base + 59_000, 8, Cost::Consume(5), base + 70_000),
+            (base + 5000, 10, Cost::CheckOnly, base + 6000),
+        ] {
+            let key = fresh_key("retry");
+            let h = |cost| hit(&key, algorithm, 10, window_ms, cost);
+            let filled = one_at(&backend, &h(Cost::Consume(fill)), fill_at).await;
+            assert!(filled.verdict.admitted);
+            let refused = one_at(&backend, &h(cost), ask_at).await;
+            assert!(!refused.verdict.admitted, "{refused:?}");
+            let retry = refused.verdict.reset_ms;
+            assert!(retry > 0);
+            let early = one_at(&backend, &h(cost), ask_at + retry - 1).await;
+            assert!(
+                !early.verdict.admitted,
+                "{algorithm} {cost:?}: admitted before {retry} ms"
+            );
+            let on_time = one_at(&backend, &h(cost), ask_at + retry).await;
+            assert!(
+                on_time.verdict.admitted,
+                "{algorithm} {cost:?}: refused at {retry} ms"
+            );
+        }
+    }
+}
