@@ -369,3 +369,37 @@ fn rotating_the_server_certificate_in_place_keeps_serving() {
         "the Watch stream saw no status"
     );
 }
+
+#[test]
+fn a_renewal_that_does_not_load_keeps_the_last_good_certificate() {
+    let redis = RedisServer::start();
+    let mut pod = Pod::new();
+    let ratelimit = envoy_gateway_env(&pod, &redis).start_healthy();
+    let grpc = ratelimit.addr("grpc");
+    let client = pod.ca.issue("client", &["client"], Usage::Client);
+    let presented = || presented_certificate(grpc, "localhost", pod.ca.pem(), Some(&client));
+    let before = presented().expect("a handshake");
+
+    // A certificate with somebody else's key (files caught half-written, or a broken Secret).
+    let renewed = pod
+        .ca
+        .issue("envoy-ratelimit", &["localhost", "127.0.0.1"], Usage::Both);
+    let other = pod.ca.issue("other", &["localhost"], Usage::Both);
+    pod.certs.update(&[
+        ("tls.crt", renewed.cert_pem.as_bytes()),
+        ("tls.key", other.key_pem.as_bytes()),
+        ("ca.crt", pod.ca.pem().as_bytes()),
+    ]);
+    wait::until(
+        "the failed reload to be logged",
+        Duration::from_secs(30),
+        || ratelimit.log().contains("gRPC TLS reload failed"),
+    );
+    assert_eq!(presented().expect("a handshake"), before);
+
+    // The matching key arrives: the renewed certificate is served.
+    pod.certs.update(&secret(&renewed, &pod.ca));
+    wait::until("the renewed certificate", Duration::from_secs(30), || {
+        presented().is_ok_and(|cert| cert == renewed.cert_der)
+    });
+}
