@@ -247,3 +247,21 @@ fn with_no_variables_and_no_flags_serve_behaves_as_before() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--config"), "{stderr}");
 }
+
+#[test]
+fn serve_config_reads_top_level_yaml_and_names_what_it_skipped() {
+    let tollgate = tollgate_testkit::tollgate::Tollgate::builder()
+        .policy("rl.yaml", CONFIG)
+        .policy("README.md", "not a policy")
+        .policy(".hidden.yaml", "not read either")
+        .start();
+    let log = tollgate.log();
+    let skipped: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("skipped"))
+        .collect();
+    assert_eq!(skipped.len(), 1, "{log}");
+    assert!(skipped[0].contains("README.md"), "{log}");
+    let rlconfig = send(&agent(), "GET", &tollgate.url("/rlconfig"), &[], None).body;
+    assert!(rlconfig.contains("rl.foo_bar"), "{rlconfig}");
+}
