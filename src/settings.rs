@@ -434,8 +434,16 @@ impl Settings {
         // Metrics.
         let use_prometheus = env.boolean("USE_PROMETHEUS")?.unwrap_or(false);
         let prometheus_path = match env.string("PROMETHEUS_PATH").filter(|p| !p.is_empty()) {
-            Some(path) if !path.starts_with('/') => {
-                return Err(env.malformed("PROMETHEUS_PATH", "a URL path starting with `/`"));
+            Some(path)
+                if !path.starts_with('/')
+                    || !path
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"/._~-".contains(&b)) =>
+            {
+                return Err(env.malformed(
+                    "PROMETHEUS_PATH",
+                    "a URL path such as /metrics (letters, digits, and / . _ ~ -)",
+                ));
             }
             Some(path) => path,
             None => "/metrics".to_owned(),
@@ -449,6 +457,14 @@ impl Settings {
             })?),
             None => None,
         };
+        if prometheus_addr.is_some_and(|addr| addr == http && addr.port() != 0)
+            && ["/healthcheck", "/json", "/rlconfig"].contains(&prometheus_path.as_str())
+        {
+            return Err(SettingsError::Invalid(format!(
+                "PROMETHEUS_PATH={prometheus_path} on the admin listener (PROMETHEUS_ADDR is its \
+                 address) would hide the admin endpoint of that name; choose another path"
+            )));
+        }
         let prometheus = match flags.metrics_addr {
             Some(addr) => Some(PrometheusSettings {
                 addr,

@@ -321,7 +321,13 @@ pub async fn serve<B: Backend>(
         }
     };
     let mut admin = admin::router(Arc::clone(&app));
-    if metrics_listener.is_none() && options.metrics_path != "/metrics" && metrics_addr.is_none() {
+    // Metrics asked for on the admin listener's own address are served there, at their path,
+    // unless an admin route has that path already.
+    if metrics_listener.is_none()
+        && metrics_addr.is_none()
+        && !["/metrics", "/healthcheck", "/json", "/rlconfig"]
+            .contains(&options.metrics_path.as_str())
+    {
         admin = admin.merge(admin::metrics_router(
             Arc::clone(&app),
             &options.metrics_path,

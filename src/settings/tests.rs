@@ -260,6 +260,24 @@ fn malformed_values_name_the_variable_and_what_it_accepts() {
     );
     let e = error(Entry::Reference, &[("REDIS_SOCKET_TYPE", "udp")]);
     assert_eq!(e, "REDIS_SOCKET_TYPE=udp: expected tcp or unix");
+    let e = error(
+        Entry::Tollgate,
+        &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "/a{b}")],
+    );
+    assert!(
+        e.starts_with("PROMETHEUS_PATH=/a{b}: expected a URL path"),
+        "{e}"
+    );
+    let e = error(
+        Entry::Tollgate,
+        &[
+            ("USE_PROMETHEUS", "true"),
+            ("PORT", "9090"),
+            ("PROMETHEUS_ADDR", ":9090"),
+            ("PROMETHEUS_PATH", "/json"),
+        ],
+    );
+    assert!(e.contains("would hide the admin endpoint"), "{e}");
     let e = error(Entry::Tollgate, &[("EXTRA_TAGS", "a:b,c")]);
     assert!(e.starts_with("EXTRA_TAGS=a:b,c: expected key:value"), "{e}");
     let e = error(
