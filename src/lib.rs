@@ -42,11 +42,13 @@
 //!
 //! # Where config snapshots come from
 //!
-//! At startup `main` loads the config path with [`Config::load`] (an invalid config stops it
-//! with the message `tollgate check` prints) and hands it to [`Limiter::new`]. While serving,
-//! [`server::reload::watch`] polls the path (and reloads on SIGHUP), loads it again and installs
-//! it with [`Limiter::set_config`]; a config that fails to load is logged and the last good one
-//! stays. Loading goes source → schema tree → rules → snapshot (`src/config/file.rs`,
+//! At startup `main` resolves the [`settings::Settings`] (flags, `TOLLGATE_*` variables,
+//! envoyproxy/ratelimit's variables, defaults), which name a [`config::FileSource`]: the
+//! `--config` path, or the reference's runtime directory layout. It loads it (an invalid config
+//! stops it with the message `tollgate check` prints) and hands it to [`Limiter::new`]. While
+//! serving, [`server::reload::watch`] polls the source's files (and reloads on SIGHUP), loads
+//! them again and installs them with [`Limiter::set_config`]; a config that fails to load is
+//! logged and the last good one stays. Loading goes source → schema tree → rules → snapshot (`src/config/file.rs`,
 //! `schema.rs`, `rules.rs`); requests in flight keep the snapshot they started with.
 //!
 //! [`RlsService::should_rate_limit`]: server::rls::RlsService
@@ -81,4 +83,5 @@ pub mod descriptor;
 pub mod limiter;
 pub mod proto;
 pub mod server;
+pub mod settings;
 pub mod window;

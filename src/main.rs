@@ -1,19 +1,22 @@
 //! The `tollgate` command: `serve` runs the rate-limit service, `check` validates policy files.
+//!
+//! Called `ratelimit` (the name envoyproxy/ratelimit's image gives its binary, `/bin/ratelimit`),
+//! the same binary serves at once from the environment, with the reference's defaults, so a
+//! Deployment written for the reference runs with only the image changed.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use tollgate::backend::redis::{ClusterBackend, RedisBackend};
+use clap::{Parser, Subcommand};
+use tollgate::backend::redis::{ClusterBackend, RedisBackend, connect};
 use tollgate::backend::shard::Sharded;
-use tollgate::backend::{AnyBackend, MemoryBackend};
-use tollgate::config::{Config, FailureMode};
-use tollgate::limiter::{Limiter, Settings};
-use tollgate::server::{self, Listeners, ServeOptions};
+use tollgate::backend::{AnyBackend, MemoryBackend, PerSecond};
+use tollgate::config::{Config, FileSource};
+use tollgate::limiter::Limiter;
+use tollgate::server::{self, Listeners, Policies, ServeOptions, ServerTls, reload};
+use tollgate::settings::{self, Entry, Flags, LogFormat, PolicySettings, Settings, Store};
 
 /// A sliding-window rate-limit service for Envoy (RateLimitService v3).
 #[derive(Debug, Parser)]
@@ -26,7 +29,10 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the RLS gRPC API, gRPC health and reflection, and the admin HTTP interface.
-    Serve(ServeArgs),
+    ///
+    /// Every flag also reads its TOLLGATE_* variable, and the settings envoyproxy/ratelimit reads
+    /// from the environment (named after each flag's help) apply to what flags leave unset.
+    Serve(Box<Flags>),
     /// Validate policy files and print the resolved policy table.
     Check {
         /// A YAML file or a directory of *.yaml / *.yml files.
@@ -35,116 +41,80 @@ enum Command {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BackendKind {
-    /// Counters in this process (one instance).
-    Memory,
-    /// One Redis server.
-    Redis,
-    /// A Redis Cluster (seed URLs).
-    RedisCluster,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum FailureModeArg {
-    Allow,
-    Deny,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Args)]
-struct ServeArgs {
-    /// A YAML file or a directory of *.yaml / *.yml files (dot files ignored).
-    #[arg(long, env = "TOLLGATE_CONFIG")]
-    config: PathBuf,
-    /// Listen address of the RLS, health and reflection gRPC services.
-    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
-    grpc_addr: SocketAddr,
-    /// Listen address of the admin HTTP interface.
-    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
-    http_addr: SocketAddr,
-    /// Where counters live.
-    #[arg(long, env = "TOLLGATE_BACKEND", value_enum, default_value = "memory")]
-    backend: BackendKind,
-    /// Redis URL (redis:// or rediss://, user and password allowed); for redis-cluster a
-    /// comma-separated list of seed node URLs.
-    #[arg(
-        long,
-        env = "TOLLGATE_REDIS_URL",
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    redis_url: String,
-    /// Prefix of every Redis key, so deployments can share one Redis. No braces: a hash tag in
-    /// the prefix would put every limiter (and every shard) on one cluster slot.
-    #[arg(long, env = "TOLLGATE_KEY_PREFIX", default_value = "tollgate:", value_parser = parse_key_prefix)]
-    key_prefix: String,
-    /// Deadline of one backend call; past it each limit answers its failure mode.
-    #[arg(long, env = "TOLLGATE_BACKEND_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
-    backend_timeout: Duration,
-    /// What a limit answers when the backend fails, unless the limit says otherwise.
-    #[arg(
-        long,
-        env = "TOLLGATE_FAILURE_MODE",
-        value_enum,
-        default_value = "allow"
-    )]
-    failure_mode: FailureModeArg,
-    /// Report, never deny: the overall code is always OK.
-    #[arg(long, env = "TOLLGATE_SHADOW_MODE", num_args = 0..=1, default_value = "false",
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    shadow_mode: bool,
-    /// Add `retry-after` to OVER_LIMIT responses.
-    #[arg(long, env = "TOLLGATE_RETRY_AFTER_HEADER", num_args = 0..=1, default_value = "true",
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    retry_after_header: bool,
-    /// How often the config path is checked for changes (SIGHUP reloads at once).
-    #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
-    reload_interval: Duration,
-    /// How long SIGTERM waits for calls and streams in flight before exiting anyway.
-    #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    drain_timeout: Duration,
-    /// Log format.
-    #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-}
-
-fn parse_key_prefix(prefix: &str) -> Result<String, String> {
-    if prefix.contains(['{', '}']) {
-        Err(
-            "a key prefix must not contain `{` or `}`: tollgate places the Redis hash tag itself"
-                .into(),
-        )
-    } else {
-        Ok(prefix.to_string())
-    }
+/// The `ratelimit` entry point: serves from the environment with envoyproxy/ratelimit's
+/// defaults (a Redis backend, its runtime directory layout, ports 8081, 8080 and 6070). Flags
+/// are optional and win over the environment.
+#[derive(Debug, Parser)]
+#[command(name = "ratelimit", version, about)]
+struct RatelimitCli {
+    #[command(flatten)]
+    flags: Flags,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
+    if invoked_as_ratelimit() {
+        let cli = RatelimitCli::parse();
+        return serve(Entry::Reference, &cli.flags);
+    }
+    match Cli::parse().command {
         Command::Check { config } => check(&config),
-        Command::Serve(args) => {
-            init_logging(args.log_format);
-            // An invalid config stops startup with exactly the message `check` prints.
-            let config = match Config::load(&args.config) {
-                Ok(config) => config,
-                Err(error) => {
-                    eprintln!("{error}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match run_serve(args, config) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("tollgate: {error:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        Command::Serve(flags) => serve(Entry::Tollgate, &flags),
+    }
+}
+
+/// Whether the binary was started under the reference's name.
+fn invoked_as_ratelimit() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|arg0| Path::new(&arg0).file_name().map(|name| name == "ratelimit"))
+        .unwrap_or(false)
+}
+
+fn serve(entry: Entry, flags: &Flags) -> ExitCode {
+    let program = match entry {
+        Entry::Tollgate => "tollgate",
+        Entry::Reference => "ratelimit",
+    };
+    let settings = match Settings::resolve(entry, flags, &settings::process_env) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(&settings);
+    for notice in &settings.notices {
+        tracing::warn!("{notice}");
+    }
+    let source = match &settings.policies {
+        PolicySettings::Files(source) => source.clone(),
+        // The xDS config source plugs in here: it yields the first snapshot (or, with
+        // FORCE_START_WITHOUT_INITIAL_CONFIG, an empty one) and a `Policies` feed for `serve`.
+        PolicySettings::XdsSotw(_) => {
+            eprintln!(
+                "{program}: CONFIG_TYPE=GRPC_XDS_SOTW: the xDS config source is not available in \
+                 this build; use CONFIG_TYPE=FILE with RUNTIME_ROOT / RUNTIME_SUBDIRECTORY / \
+                 RUNTIME_APPDIRECTORY (or --config PATH)"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    // An invalid config stops startup with exactly the message `check` prints.
+    let config = match source.load() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(why) = source.reads_nothing() {
+        tracing::warn!("{why}; every request is allowed");
+    }
+    match run_serve(settings, source, config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{program}: {error:#}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -165,74 +135,117 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// The level: the flag or LOG_LEVEL when given, else RUST_LOG's filter, else `info`.
+fn init_logging(settings: &Settings) {
+    let filter = match settings.log.level {
+        Some(level) => tracing_subscriber::EnvFilter::new(level.as_str()),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
+    match settings.log.format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
 }
 
-fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
+fn run_serve(settings: Settings, source: FileSource, config: Config) -> anyhow::Result<()> {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
+    reload::log_skipped(&config);
+    tracing::info!(source = %source.describe(), domains = config.len(), "policies loaded");
+    let tls = match &settings.grpc.tls {
+        Some(files) => Some(ServerTls::load(files.clone()).context("gRPC TLS")?),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let backend = connect_backend(&args).await?;
-        let settings = Settings {
-            failure_mode: match args.failure_mode {
-                FailureModeArg::Allow => FailureMode::Allow,
-                FailureModeArg::Deny => FailureMode::Deny,
-            },
-            shadow_mode: args.shadow_mode,
-            retry_after_header: args.retry_after_header,
-        };
-        let limiter = Arc::new(Limiter::new(Arc::new(config), backend, settings));
-        let listeners = Listeners::bind(args.grpc_addr, args.http_addr).await?;
+        let backend = connect_backend(&settings).await?;
+        let mut limiter = Limiter::new(Arc::new(config), backend, settings.limiter);
+        if let Some(names) = settings.limit_headers.clone() {
+            limiter = limiter.with_limit_headers(names);
+        }
+        let listeners = Listeners::bind_all(&settings.listen).await?;
         let options = ServeOptions {
-            config_path: args.config.clone(),
-            reload_interval: args.reload_interval,
-            drain_timeout: args.drain_timeout,
+            policies: Policies::Files(source),
+            reload_interval: settings.reload_interval,
+            drain_timeout: settings.drain_timeout,
+            tls,
+            max_connection_age: settings.grpc.max_connection_age,
+            max_connection_age_grace: settings.grpc.max_connection_age_grace,
+            metrics_path: settings
+                .stats
+                .prometheus
+                .as_ref()
+                .map_or_else(|| "/metrics".to_owned(), |p| p.path.clone()),
+            require_config: settings.healthy_with_at_least_one_config_loaded,
         };
-        server::serve(limiter, listeners, options, termination())
+        server::serve(Arc::new(limiter), listeners, options, termination())
             .await
             .context("serving failed")
     })
 }
 
-async fn connect_backend(args: &ServeArgs) -> anyhow::Result<Sharded<AnyBackend>> {
-    let backend = match args.backend {
-        BackendKind::Memory => AnyBackend::Memory(MemoryBackend::new()),
-        BackendKind::Redis => AnyBackend::Redis(
-            RedisBackend::connect(&args.redis_url, &args.key_prefix, args.backend_timeout)
+async fn connect_backend(settings: &Settings) -> anyhow::Result<Sharded<PerSecond<AnyBackend>>> {
+    let backend = &settings.backend;
+    let main = match &backend.store {
+        Store::Memory => AnyBackend::Memory(MemoryBackend::new()),
+        Store::Redis(target) => {
+            connect_redis(
+                target,
+                &backend.key_prefix,
+                backend.timeout,
+                backend.wait_replicas,
+            )
+            .await?
+        }
+    };
+    let per_second = match &backend.per_second {
+        Some(target) => Some(
+            connect_redis(
+                target,
+                &backend.key_prefix,
+                backend.timeout,
+                backend.wait_replicas,
+            )
+            .await
+            .context("the per-second Redis (REDIS_PERSECOND_*)")?,
+        ),
+        None => None,
+    };
+    Ok(Sharded::new(PerSecond::new(main, per_second)))
+}
+
+async fn connect_redis(
+    target: &connect::Target,
+    key_prefix: &str,
+    timeout: std::time::Duration,
+    wait_replicas: u32,
+) -> anyhow::Result<AnyBackend> {
+    tracing::info!(
+        redis = %target.describe(),
+        kind = target.kind.as_str(),
+        "connecting to redis"
+    );
+    Ok(match target.kind {
+        connect::Kind::Cluster => AnyBackend::Cluster(
+            ClusterBackend::connect_to(target, key_prefix, timeout)
+                .await
+                .context("cannot set up the redis-cluster backend")?,
+        ),
+        connect::Kind::Single | connect::Kind::Sentinel => AnyBackend::Redis(
+            RedisBackend::connect_to(target, key_prefix, timeout, wait_replicas)
                 .await
                 .context("cannot set up the redis backend")?,
         ),
-        BackendKind::RedisCluster => {
-            let seeds: Vec<String> = args
-                .redis_url
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect();
-            AnyBackend::Cluster(
-                ClusterBackend::connect(&seeds, &args.key_prefix, args.backend_timeout)
-                    .await
-                    .context("cannot set up the redis-cluster backend")?,
-            )
-        }
-    };
-    Ok(Sharded::new(backend))
+    })
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

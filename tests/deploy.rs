@@ -676,16 +676,28 @@ fn dockerfile_builds_a_small_static_non_root_image() {
     assert_eq!(entrypoint, [binary]);
     assert_eq!(
         exec_form(keyword_args("CMD").last().expect("a CMD")),
-        ["serve"]
+        ["serve", "--config", "/etc/tollgate"]
+    );
+    // The reference's entry point: the same binary at /bin/ratelimit (its name selects the
+    // reference's defaults), with no image-wide variable that would override its RUNTIME_*.
+    assert!(
+        keyword_args("COPY")
+            .contains(&format!("--from={build_stage} /tollgate /bin/ratelimit").as_str()),
+        "/bin/ratelimit"
+    );
+    assert!(
+        !keyword_args("ENV")
+            .iter()
+            .any(|env| env.starts_with("TOLLGATE_")),
+        "an image-wide TOLLGATE_* variable would win over the reference's variables"
     );
     let exposed: Vec<&str> = keyword_args("EXPOSE")
         .iter()
         .flat_map(|ports| ports.split_whitespace())
         .collect();
-    for port in ["8080", "8081"] {
+    for port in ["8080", "8081", "6070"] {
         assert!(exposed.contains(&port), "EXPOSE {port}");
     }
-    assert!(keyword_args("ENV").contains(&"TOLLGATE_CONFIG=/etc/tollgate"));
 }
 
 /// The build context (`deploy/Dockerfile.dockerignore`) holds everything the build reads: the

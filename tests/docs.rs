@@ -165,7 +165,8 @@ fn line_matches(expected: &str, actual: &str) -> bool {
 
 /// Whether a command starts the service (after any leading `NAME=value` assignments).
 fn is_server(command: &str) -> bool {
-    let words: Vec<&str> = command
+    let flat = command.replace("\\\n", " ");
+    let words: Vec<&str> = flat
         .split_whitespace()
         .skip_while(|word| word.contains('=') && !word.starts_with('-'))
         .collect();
@@ -173,6 +174,24 @@ fn is_server(command: &str) -> bool {
         ["cargo", "run", rest @ ..] => rest.contains(&"serve"),
         ["tollgate", "serve", ..] => true,
         _ => false,
+    }
+}
+
+/// `command` as bash should run it to become the service process: `exec` after any leading
+/// `NAME=value` assignments (which bash would otherwise take for the program to run), so the
+/// assignments reach the service's environment and SIGTERM reaches the service.
+fn exec_form(command: &str) -> String {
+    let flat = command.replace("\\\n", " ");
+    let words: Vec<&str> = flat.split_whitespace().collect();
+    let assignments = words
+        .iter()
+        .take_while(|word| word.contains('=') && !word.starts_with('-'))
+        .count();
+    let (env, program) = words.split_at(assignments);
+    if env.is_empty() {
+        format!("exec {command}")
+    } else {
+        format!("{} exec {}", env.join(" "), program.join(" "))
     }
 }
 
@@ -312,7 +331,7 @@ impl Session {
         let log = self.scratch.path().join("server.log");
         let out = File::create(&log).expect("create the server log");
         let err = out.try_clone().expect("clone the log handle");
-        let mut shell = self.shell(&format!("exec {}", step.command));
+        let mut shell = self.shell(&exec_form(&step.command));
         shell.stdout(out).stderr(err);
         let child = tollgate_testkit::process::spawn(shell).expect("start the service command");
         let started = Instant::now();
@@ -449,11 +468,16 @@ fn run_document(doc: &str) {
 }
 
 /// The documents with a test below; `every_document_is_run` keeps this list whole.
-const DOCUMENTS: &[&str] = &["README.md", "docs/performance.md"];
+const DOCUMENTS: &[&str] = &["README.md", "docs/configuration.md", "docs/performance.md"];
 
 #[test]
 fn readme() {
     run_document("README.md");
+}
+
+#[test]
+fn configuration() {
+    run_document("docs/configuration.md");
 }
 
 #[test]
@@ -502,4 +526,10 @@ fn output_patterns_follow_the_trycmd_conventions() {
         "RUST_LOG=debug tollgate serve --config examples/"
     ));
     assert!(!is_server("tollgate check --config examples/"));
+    assert_eq!(
+        exec_form("A=1 B=2 \\\n    tollgate serve"),
+        "A=1 B=2 exec tollgate serve"
+    );
+    assert_eq!(exec_form("tollgate serve"), "exec tollgate serve");
+    assert!(is_server("A=1 \\\n    B=2 tollgate serve"));
 }

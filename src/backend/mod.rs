@@ -3,6 +3,7 @@
 //! combines the verdicts and gives back (releases) what a rejected request took.
 
 pub mod memory;
+pub mod per_second;
 pub mod redis;
 pub mod shard;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 use crate::window::{Algorithm, Cost, Verdict};
 
 pub use memory::MemoryBackend;
+pub use per_second::PerSecond;
 pub use redis::{ClusterBackend, RedisBackend};
 pub use shard::{ShardKeys, Sharded};
 

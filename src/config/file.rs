@@ -22,9 +22,9 @@ use super::{Config, MetaValue};
 pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
     let metadata = fs::metadata(path)
         .map_err(|e| ConfigError::file(path, format!("cannot read the config: {e}")))?;
-    let mut snapshot = Snapshot::default();
     if metadata.is_dir() {
-        let files = policy_files(path)?;
+        let (files, skipped) = policy_files(path)?;
+        let mut snapshot = Snapshot::default();
         if files.is_empty() {
             snapshot.warn(format!(
                 "{}:1:1: warning: no policy files (*.yaml, *.yml) here; every request will be \
@@ -32,16 +32,29 @@ pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
                 path.display()
             ));
         }
-        for file in files {
-            let Some(text) = read_policy_file(&file)? else {
-                continue;
-            };
-            add(&mut snapshot, &file, &text)?;
-        }
+        let mut config = load_into(snapshot, &files)?;
+        config.skipped = skipped;
+        Ok(config)
     } else {
         let text = read_policy_file(path)?
             .ok_or_else(|| ConfigError::file(path, "cannot read the config: not found"))?;
+        let mut snapshot = Snapshot::default();
         add(&mut snapshot, path, &text)?;
+        Ok(snapshot.finish())
+    }
+}
+
+/// Loads every one of `files`, in order; a file that vanished since it was listed is passed over.
+pub(super) fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
+    load_into(Snapshot::default(), files)
+}
+
+fn load_into(mut snapshot: Snapshot<Pos>, files: &[PathBuf]) -> Result<Config, ConfigError> {
+    for file in files {
+        let Some(text) = read_policy_file(file)? else {
+            continue;
+        };
+        add(&mut snapshot, file, &text)?;
     }
     Ok(snapshot.finish())
 }
@@ -61,31 +74,42 @@ fn add(snapshot: &mut Snapshot<Pos>, file: &Path, text: &str) -> Result<(), Conf
         .map_err(|finding| finding.into_error(file))
 }
 
-/// The `*.yaml` / `*.yml` files of a directory (not its subdirectories), sorted by name.
-fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+/// The `*.yaml` / `*.yml` files of a directory (not its subdirectories), sorted by name, and the
+/// other entries that were passed over (dot files aside), so that a user who expected them to
+/// load can be told.
+fn policy_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ConfigError> {
     let entries = fs::read_dir(dir)
         .map_err(|e| ConfigError::file(dir, format!("cannot list the directory: {e}")))?;
     let mut files = Vec::new();
+    let mut skipped = Vec::new();
     for entry in entries {
         let entry =
             entry.map_err(|e| ConfigError::file(dir, format!("cannot list the directory: {e}")))?;
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+        let Some(name) = name.to_str() else {
+            skipped.push(entry.path());
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        if !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+            skipped.push(entry.path());
             continue;
         }
         let path = entry.path();
         // `fs::metadata` follows symlinks; a directory named `x.yaml` is not a policy file.
         match fs::metadata(&path) {
             Ok(metadata) if metadata.is_file() => files.push(path),
-            Ok(_) => {}
+            Ok(_) => skipped.push(path),
             // A ConfigMap update can leave a dangling link for a moment; it is no file of ours.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(ConfigError::file(&path, format!("cannot read: {e}"))),
         }
     }
     files.sort();
-    Ok(files)
+    skipped.sort();
+    Ok((files, skipped))
 }
 
 /// A file's text; `None` if it vanished since it was listed.

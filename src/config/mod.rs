@@ -24,6 +24,7 @@
 //! `Domain::resolve`, `Limit`, `Matched`, `MetaValue`, `FailureMode`, `ConfigError`.
 
 mod diagnostics;
+mod discovery;
 mod domain;
 mod file;
 mod rules;
@@ -39,6 +40,7 @@ use crate::descriptor::Unit;
 use crate::window::Algorithm;
 
 pub use diagnostics::ConfigError;
+pub use discovery::{FileSource, RuntimeLayout};
 pub use domain::Domain;
 
 /// What a limit answers when the backend cannot decide.
@@ -144,6 +146,8 @@ pub struct Config {
     /// Every limit of every domain, sorted by `full_key`.
     limits: Vec<Arc<Limit>>,
     warnings: Vec<String>,
+    /// Entries of a config directory that were not read (not `*.yaml` / `*.yml`).
+    skipped: Vec<std::path::PathBuf>,
 }
 
 impl Config {
@@ -190,6 +194,12 @@ impl Config {
     /// Every limit of every domain, sorted by `full_key`.
     pub fn limits(&self) -> Vec<&Arc<Limit>> {
         self.limits.iter().collect()
+    }
+
+    /// Entries of a `--config` directory that were passed over because they are not `*.yaml` /
+    /// `*.yml` files (dot files aside, which are never read there).
+    pub fn skipped(&self) -> &[std::path::PathBuf] {
+        &self.skipped
     }
 
     /// Non-fatal findings, each `file:line:column: warning: ...`.

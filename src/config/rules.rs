@@ -95,6 +95,7 @@ impl<L: Location> Snapshot<L> {
             domains,
             limits,
             warnings: self.warnings,
+            skipped: Vec::new(),
         }
     }
 }

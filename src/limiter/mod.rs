@@ -101,12 +101,35 @@ impl Default for Settings {
     }
 }
 
+/// The names of the draft RateLimit response headers (envoyproxy/ratelimit's
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitHeaders {
+    /// Carries the limit's `requests_per_unit`.
+    pub limit: String,
+    /// Carries what is left of it.
+    pub remaining: String,
+    /// Carries the seconds until the quota is whole again (OK) or the hit would fit (over).
+    pub reset: String,
+}
+
+impl Default for LimitHeaders {
+    fn default() -> Self {
+        LimitHeaders {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
 /// Decides rate-limit requests against the current config snapshot and a backend.
 #[derive(Debug)]
 pub struct Limiter<B> {
     config: ArcSwap<Config>,
     backend: B,
     settings: Settings,
+    limit_headers: Option<LimitHeaders>,
 }
 
 /// What one descriptor resolved to: the limit that applies, if any, and the identity of the
@@ -130,6 +153,7 @@ impl<B: Backend> Limiter<B> {
             config: ArcSwap::new(config),
             backend,
             settings,
+            limit_headers: None,
         }
     }
 
@@ -151,6 +175,13 @@ impl<B: Backend> Limiter<B> {
     /// The flags the limiter runs with.
     pub fn settings(&self) -> Settings {
         self.settings
+    }
+
+    /// Adds the draft RateLimit headers (limit, remaining, reset) of the most constrained
+    /// descriptor to every response that had a limit, under `names`.
+    pub fn with_limit_headers(mut self, names: LimitHeaders) -> Self {
+        self.limit_headers = Some(names);
+        self
     }
 
     /// Decides one request: charges every applicable limit, answers per descriptor in request
@@ -367,6 +398,17 @@ impl<B: Backend> Limiter<B> {
         {
             response_headers.push(("retry-after".to_string(), seconds.to_string()));
         }
+        if let Some(names) = &self.limit_headers
+            && let Some(status) = most_constrained(&statuses)
+            && let Some(limit) = &status.limit
+        {
+            let reset = status.reset.map_or(0, |reset| reset.as_secs());
+            response_headers.extend([
+                (names.limit.clone(), limit.requests_per_unit.to_string()),
+                (names.remaining.clone(), status.remaining.to_string()),
+                (names.reset.clone(), reset.to_string()),
+            ]);
+        }
         let metadata = merge_metadata(request, &statuses, metadata_sources);
         Decision {
             overall,
@@ -375,6 +417,26 @@ impl<B: Backend> Limiter<B> {
             metadata,
         }
     }
+}
+
+/// The status the RateLimit headers describe, chosen as envoyproxy/ratelimit chooses it: among
+/// the statuses with a limit, the one with the least remaining (the first of equals); but an
+/// OVER_LIMIT status of a limit that is not in quota mode wins, the last such in request order.
+fn most_constrained(statuses: &[Status]) -> Option<&Status> {
+    let mut chosen: Option<&Status> = None;
+    let mut least = u32::MAX;
+    for status in statuses {
+        if status.limit.is_some() && status.remaining < least {
+            least = status.remaining;
+            chosen = Some(status);
+        }
+    }
+    for status in statuses {
+        if status.code == Code::OverLimit && status.limit.as_ref().is_some_and(|l| !l.quota_mode) {
+            chosen = Some(status);
+        }
+    }
+    chosen
 }
 
 /// Checks `request` against the protocol's bounds; the error says which rule and where. Bounded

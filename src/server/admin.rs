@@ -27,6 +27,26 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
         .with_state(app)
 }
 
+/// The debug listener's routes (the reference serves its debug endpoints on a port of their
+/// own): an index, the loaded policies and the metrics.
+pub fn debug_router<B: Backend>(app: Arc<App<B>>) -> Router {
+    Router::new()
+        .route("/", get(debug_index))
+        .route("/rlconfig", get(rlconfig::<B>))
+        .route("/metrics", get(metrics::<B>))
+        .with_state(app)
+}
+
+async fn debug_index() -> &'static str {
+    "/metrics: the service's metrics in the Prometheus text format\n\
+     /rlconfig: print out the currently loaded configuration for debugging\n"
+}
+
+/// A router serving only the metrics, at `path` (the reference's `PROMETHEUS_PATH`).
+pub fn metrics_router<B: Backend>(app: Arc<App<B>>, path: &str) -> Router {
+    Router::new().route(path, get(metrics::<B>)).with_state(app)
+}
+
 async fn healthcheck<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
     match app.health.check() {
         Ok(()) => (StatusCode::OK, "OK\n").into_response(),

@@ -30,6 +30,7 @@ pub struct Health {
 #[derive(Debug, Clone)]
 struct State {
     backend_error: Option<String>,
+    config_error: Option<String>,
     draining: bool,
 }
 
@@ -40,6 +41,7 @@ impl Health {
             reporter,
             state: Mutex::new(State {
                 backend_error: Some("backend not probed yet".into()),
+                config_error: None,
                 draining: false,
             }),
         });
@@ -54,6 +56,8 @@ impl Health {
             Err("draining: shutting down".into())
         } else if let Some(error) = state.backend_error {
             Err(error)
+        } else if let Some(error) = state.config_error {
+            Err(error)
         } else {
             Ok(())
         }
@@ -65,18 +69,20 @@ impl Health {
         self.publish().await;
     }
 
-    async fn set_backend_error(&self, error: Option<String>) {
+    async fn set_errors(&self, backend_error: Option<String>, config_error: Option<String>) {
         let changed = {
             let mut state = self.lock();
-            let changed = state.backend_error.is_some() != error.is_some();
-            state.backend_error = error;
+            let changed = state.backend_error.is_some() != backend_error.is_some()
+                || state.config_error.is_some() != config_error.is_some();
+            state.backend_error = backend_error;
+            state.config_error = config_error;
             changed
         };
         // Only a change is published: every publish reaches each open health Watch stream as
         // a message, and a probe that finds nothing new must not wake them every second.
         if changed {
             match self.check() {
-                Ok(()) => tracing::info!("backend reachable: serving"),
+                Ok(()) => tracing::info!("backend reachable and policies loaded: serving"),
                 Err(reason) => tracing::warn!(%reason, "not serving"),
             }
             self.publish().await;
@@ -107,8 +113,14 @@ impl Health {
     }
 }
 
-/// Probes the backend forever, keeping `health` in step with it.
-pub async fn probe_backend<B: Backend>(health: Arc<Health>, limiter: Arc<Limiter<B>>) {
+/// Probes the backend forever, keeping `health` in step with it. With `require_config`, health
+/// also stays NOT_SERVING while the loaded config has no domain (the reference's
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+pub async fn probe_backend<B: Backend>(
+    health: Arc<Health>,
+    limiter: Arc<Limiter<B>>,
+    require_config: bool,
+) {
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -121,6 +133,8 @@ pub async fn probe_backend<B: Backend>(health: Arc<Health>, limiter: Arc<Limiter
                 "backend unavailable: no answer to a ping within {PROBE_INTERVAL:?}"
             )),
         };
-        health.set_backend_error(error).await;
+        let config_error = (require_config && limiter.config().is_empty())
+            .then(|| "no rate limit configuration with a domain is loaded".to_string());
+        health.set_errors(error, config_error).await;
     }
 }

@@ -3,9 +3,11 @@
 
 pub mod admin;
 pub mod health;
+pub mod incoming;
 pub mod metrics;
 pub mod reload;
 pub mod rls;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,15 +15,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
+use crate::config::FileSource;
 use crate::limiter::Limiter;
 use crate::proto;
 pub use health::Health;
+pub use incoming::GrpcListener;
 pub use metrics::Metrics;
 pub use rls::App;
+pub use tls::{ServerTls, TlsFiles};
 
 /// The sockets tollgate serves on, bound before serving starts.
 ///
@@ -29,24 +34,83 @@ pub use rls::App;
 /// before anything connects, with no window in which another process could take it.
 #[derive(Debug)]
 pub struct Listeners {
-    /// RLS, health and reflection (gRPC).
-    pub grpc: TcpListener,
+    /// RLS, health and reflection (gRPC), on TCP or a unix socket.
+    pub grpc: GrpcListener,
     /// The admin HTTP interface.
     pub http: TcpListener,
+    /// The debug HTTP interface (index, `/rlconfig`, `/metrics`), if wanted.
+    pub debug: Option<TcpListener>,
+    /// A listener of its own for the metrics (the reference's `PROMETHEUS_ADDR`), if wanted.
+    pub metrics: Option<TcpListener>,
+}
+
+/// Where the gRPC services listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrpcAddr {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A unix socket path.
+    Unix(PathBuf),
+}
+
+/// Every address to listen on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddrs {
+    /// gRPC.
+    pub grpc: GrpcAddr,
+    /// Admin HTTP.
+    pub http: SocketAddr,
+    /// Debug HTTP, if any.
+    pub debug: Option<SocketAddr>,
+    /// Metrics on a listener of their own, if any.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Listeners {
-    /// Binds both addresses; port 0 picks a free port.
+    /// Binds gRPC and admin HTTP on TCP; port 0 picks a free port.
     pub async fn bind(grpc: SocketAddr, http: SocketAddr) -> Result<Listeners, ServeError> {
+        Listeners::bind_all(&ListenAddrs {
+            grpc: GrpcAddr::Tcp(grpc),
+            http,
+            debug: None,
+            metrics: None,
+        })
+        .await
+    }
+
+    /// Binds every address of `addrs`. A unix socket path left behind by an earlier run (a
+    /// socket nothing answers on) is replaced.
+    pub async fn bind_all(addrs: &ListenAddrs) -> Result<Listeners, ServeError> {
+        let grpc = match &addrs.grpc {
+            GrpcAddr::Tcp(addr) => GrpcListener::Tcp(bind(*addr).await?),
+            GrpcAddr::Unix(path) => GrpcListener::Unix {
+                listener: bind_unix(path)?,
+                path: path.clone(),
+            },
+        };
+        let http = bind(addrs.http).await?;
+        let metrics = match addrs.metrics {
+            // The metrics are on the admin listener already.
+            Some(addr) if addr == addrs.http && addr.port() != 0 => None,
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
         Ok(Listeners {
-            grpc: bind(grpc).await?,
-            http: bind(http).await?,
+            grpc,
+            http,
+            debug: match addrs.debug {
+                Some(addr) => Some(bind(addr).await?),
+                None => None,
+            },
+            metrics,
         })
     }
 
-    /// The address the gRPC listener is bound to.
+    /// The address the gRPC listener is bound to (TCP only).
     pub fn grpc_addr(&self) -> std::io::Result<SocketAddr> {
-        self.grpc.local_addr()
+        self.grpc
+            .tcp_addr()
+            .ok_or_else(|| std::io::Error::other("gRPC listens on a unix socket"))
     }
 
     /// The address the admin HTTP listener is bound to.
@@ -55,15 +119,48 @@ impl Listeners {
     }
 }
 
+/// Where policy updates come from while serving.
+#[derive(Debug, Clone)]
+pub enum Policies {
+    /// Policy files, polled for changes and re-read on SIGHUP.
+    Files(FileSource),
+}
+
 /// How to serve.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// The config file or directory, re-read when it changes.
-    pub config_path: PathBuf,
-    /// How often the config path is checked for changes.
+    /// Where policy updates come from.
+    pub policies: Policies,
+    /// How often the policy files (and TLS files) are checked for changes.
     pub reload_interval: Duration,
     /// How long a shutdown waits for calls and streams in flight before cutting them.
     pub drain_timeout: Duration,
+    /// TLS on the gRPC listener, if any.
+    pub tls: Option<Arc<ServerTls>>,
+    /// After how long a gRPC connection is asked to go away (GOAWAY), so clients rebalance.
+    pub max_connection_age: Option<Duration>,
+    /// How long a connection asked to go away may finish its calls before it is closed.
+    pub max_connection_age_grace: Option<Duration>,
+    /// The path the metrics are served at on their own listener.
+    pub metrics_path: String,
+    /// Whether health requires a config with at least one domain.
+    pub require_config: bool,
+}
+
+impl ServeOptions {
+    /// Options for the policy files at `config_path`, with no TLS and the usual intervals.
+    pub fn files(config_path: PathBuf) -> ServeOptions {
+        ServeOptions {
+            policies: Policies::Files(FileSource::Path(config_path)),
+            reload_interval: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(10),
+            tls: None,
+            max_connection_age: None,
+            max_connection_age_grace: None,
+            metrics_path: "/metrics".into(),
+            require_config: false,
+        }
+    }
 }
 
 /// Why serving stopped with an error.
@@ -74,6 +171,14 @@ pub enum ServeError {
     Bind {
         /// The address.
         addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A unix socket could not be bound.
+    #[error("cannot listen on the unix socket {path}: {source}")]
+    BindUnix {
+        /// The socket path.
+        path: PathBuf,
         /// The cause.
         source: std::io::Error,
     },
@@ -102,9 +207,21 @@ pub async fn serve<B: Backend>(
     let Listeners {
         grpc: grpc_listener,
         http: http_listener,
+        debug: debug_listener,
+        metrics: metrics_listener,
     } = listeners;
-    let grpc_addr = grpc_listener.local_addr().map_err(ServeError::Listener)?;
+    let grpc_addr = grpc_listener.describe();
     let http_addr = http_listener.local_addr().map_err(ServeError::Listener)?;
+    let debug_addr = debug_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()
+        .map_err(ServeError::Listener)?;
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()
+        .map_err(ServeError::Listener)?;
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
@@ -122,17 +239,23 @@ pub async fn serve<B: Backend>(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
-    let probe = tokio::spawn(health::probe_backend(
+    let mut tasks = vec![tokio::spawn(health::probe_backend(
         Arc::clone(&health),
         Arc::clone(&limiter),
-    ));
-    let reloader = tokio::spawn(reload::watch(
-        Arc::clone(&limiter),
-        options.config_path.clone(),
-        options.reload_interval,
-    ));
+        options.require_config,
+    ))];
+    match &options.policies {
+        Policies::Files(source) => tasks.push(tokio::spawn(reload::watch(
+            Arc::clone(&limiter),
+            source.clone(),
+            options.reload_interval,
+        ))),
+    }
+    if let Some(tls) = &options.tls {
+        tasks.push(tokio::spawn(Arc::clone(tls).watch(options.reload_interval)));
+    }
 
-    // One shutdown signal fans out to both servers after health has turned NOT_SERVING.
+    // One shutdown signal fans out to every server after health has turned NOT_SERVING.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_rx_deadline = stop_rx.clone();
     let drain_health = Arc::clone(&health);
@@ -146,9 +269,25 @@ pub async fn serve<B: Backend>(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, "tollgate listening");
+    let optional =
+        |addr: Option<SocketAddr>| addr.map_or_else(|| "-".to_owned(), |a| a.to_string());
+    tracing::info!(
+        grpc = %grpc_addr,
+        http = %http_addr,
+        debug = %optional(debug_addr),
+        metrics = %optional(metrics_addr),
+        tls = options.tls.as_ref().map_or("off", |tls| if tls.is_mutual() { "mutual" } else { "on" }),
+        "tollgate listening"
+    );
 
-    let grpc = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(age) = options.max_connection_age {
+        builder = builder.max_connection_age(age);
+    }
+    if let Some(grace) = options.max_connection_age_grace {
+        builder = builder.max_connection_age_grace(grace);
+    }
+    let router = builder
         .add_service(
             proto::rate_limit_service_server::RateLimitServiceServer::new(rls::RlsService::new(
                 Arc::clone(&app),
@@ -156,16 +295,68 @@ pub async fn serve<B: Backend>(
         )
         .add_service(health_service)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(
-            // With a listener of our own, tonic leaves accepted sockets as they are; without
-            // TCP_NODELAY a response queued behind an unacknowledged one waits for the peer's
-            // delayed ACK (tens of ms on the tail).
-            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            stopped(stop_rx.clone()),
-        );
-    let http = axum::serve(http_listener, admin::router(Arc::clone(&app)))
-        .with_graceful_shutdown(stopped(stop_rx));
+        .add_service(reflection_v1alpha);
+    let grpc_stop = stopped(stop_rx.clone());
+    let grpc = async move {
+        match (grpc_listener, &options.tls) {
+            (GrpcListener::Tcp(listener), None) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        // With a listener of our own, tonic leaves accepted sockets as they are;
+                        // without TCP_NODELAY a response queued behind an unacknowledged one
+                        // waits for the peer's delayed ACK (tens of ms on the tail).
+                        TcpIncoming::from(listener).with_nodelay(Some(true)),
+                        grpc_stop,
+                    )
+                    .await
+            }
+            (listener, tls) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        incoming::incoming(listener, tls.clone()),
+                        grpc_stop,
+                    )
+                    .await
+            }
+        }
+    };
+    let mut admin = admin::router(Arc::clone(&app));
+    // Metrics asked for on the admin listener's own address are served there, at their path,
+    // unless an admin route has that path already.
+    if metrics_listener.is_none()
+        && metrics_addr.is_none()
+        && !["/metrics", "/healthcheck", "/json", "/rlconfig"]
+            .contains(&options.metrics_path.as_str())
+    {
+        admin = admin.merge(admin::metrics_router(
+            Arc::clone(&app),
+            &options.metrics_path,
+        ));
+    }
+    let http = axum::serve(http_listener, admin).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let debug = async {
+        match debug_listener {
+            Some(listener) => {
+                axum::serve(listener, admin::debug_router(Arc::clone(&app)))
+                    .with_graceful_shutdown(stopped(stop_rx.clone()))
+                    .await
+            }
+            None => Ok(()),
+        }
+    };
+    let metrics = async {
+        match metrics_listener {
+            Some(listener) => {
+                axum::serve(
+                    listener,
+                    admin::metrics_router(Arc::clone(&app), &options.metrics_path),
+                )
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .await
+            }
+            None => Ok(()),
+        }
+    };
 
     // Long-lived streams (health Watch) would hold a graceful shutdown open forever; after the
     // drain deadline whatever is still open is cut.
@@ -173,17 +364,20 @@ pub async fn serve<B: Backend>(
         stopped(stop_rx_deadline).await;
         tokio::time::sleep(options.drain_timeout).await;
     };
-    let servers = async { tokio::join!(grpc, async { http.await }) };
+    let servers = async { tokio::join!(grpc, async { http.await }, debug, metrics) };
     let outcome = tokio::select! {
-        (grpc_result, http_result) = servers => Some((grpc_result, http_result)),
+        results = servers => Some(results),
         () = drain_deadline => None,
     };
-    probe.abort();
-    reloader.abort();
+    for task in tasks {
+        task.abort();
+    }
     match outcome {
-        Some((grpc_result, http_result)) => {
+        Some((grpc_result, http_result, debug_result, metrics_result)) => {
             grpc_result?;
             http_result.map_err(ServeError::Http)?;
+            debug_result.map_err(ServeError::Http)?;
+            metrics_result.map_err(ServeError::Http)?;
             tracing::info!("stopped");
         }
         None => tracing::warn!(
@@ -192,6 +386,22 @@ pub async fn serve<B: Backend>(
         ),
     }
     Ok(())
+}
+
+/// Binds a unix socket at `path`, replacing a stale socket file nothing listens on.
+fn bind_unix(path: &std::path::Path) -> Result<UnixListener, ServeError> {
+    use std::os::unix::fs::FileTypeExt;
+    let unix_error = |source| ServeError::BindUnix {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Ok(metadata) = std::fs::symlink_metadata(path)
+        && metadata.file_type().is_socket()
+        && std::os::unix::net::UnixStream::connect(path).is_err()
+    {
+        std::fs::remove_file(path).map_err(unix_error)?;
+    }
+    UnixListener::bind(path).map_err(unix_error)
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {

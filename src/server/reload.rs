@@ -1,19 +1,18 @@
-//! Hot reload: the config path is polled for changes (Kubernetes updates a ConfigMap mount by
+//! Hot reload: the policy files are polled for changes (Kubernetes updates a ConfigMap mount by
 //! swapping a symlink, which no single-file watch sees) and re-read on SIGHUP. A config that fails
 //! to load is logged and the last good one keeps serving.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::config::Config;
+use crate::config::FileSource;
 use crate::limiter::Limiter;
 
-/// Watches `path` forever, swapping a freshly loaded config into `limiter` when the files change.
-pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, path: PathBuf, interval: Duration) {
-    let mut last_seen = fingerprint(&path);
+/// Watches `source` forever, swapping a freshly loaded config into `limiter` when its files
+/// change.
+pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, source: FileSource, interval: Duration) {
+    let mut last_seen = source.fingerprint();
     let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hangup = hangup_signal();
@@ -22,24 +21,25 @@ pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, path: PathBuf, interval
             _ = ticker.tick() => false,
             _ = next_hangup(&mut hangup) => true,
         };
-        let current = fingerprint(&path);
+        let current = source.fingerprint();
         if !forced && current == last_seen {
             continue;
         }
         last_seen = current;
-        reload(&limiter, &path);
+        reload(&limiter, &source);
     }
 }
 
-/// Loads `path` and installs it; on failure keeps the config in force. Returns whether it took.
-pub fn reload<B: Backend>(limiter: &Limiter<B>, path: &Path) -> bool {
-    match Config::load(path) {
+/// Loads `source` and installs it; on failure keeps the config in force. Returns whether it took.
+pub fn reload<B: Backend>(limiter: &Limiter<B>, source: &FileSource) -> bool {
+    match source.load() {
         Ok(config) => {
             for warning in config.warnings() {
                 tracing::warn!("{warning}");
             }
+            log_skipped(&config);
             limiter.set_config(Arc::new(config));
-            tracing::info!(path = %path.display(), "config reloaded");
+            tracing::info!(source = %source.describe(), "config reloaded");
             true
         }
         Err(error) => {
@@ -49,43 +49,15 @@ pub fn reload<B: Backend>(limiter: &Limiter<B>, path: &Path) -> bool {
     }
 }
 
-/// A cheap digest of everything under `path` that could change the config: the names and
-/// contents of the policy files (following symlinks), so a ConfigMap symlink swap is seen too.
-fn fingerprint(path: &Path) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    let mut files = Vec::new();
-    match std::fs::read_dir(path) {
-        Ok(entries) => {
-            for entry in entries.flatten() {
-                let file = entry.path();
-                if is_policy_file(&file) {
-                    files.push(file);
-                }
-            }
-        }
-        Err(_) => files.push(path.to_path_buf()),
+/// Says which entries of a config directory were not read, so a policy file with another
+/// extension does not go unnoticed.
+pub fn log_skipped(config: &crate::config::Config) {
+    for skipped in config.skipped() {
+        tracing::info!(
+            path = %skipped.display(),
+            "not a policy file (only *.yaml and *.yml files are read); skipped"
+        );
     }
-    files.sort();
-    for file in files {
-        file.hash(&mut hasher);
-        if let Ok(contents) = std::fs::read(&file) {
-            contents.hash(&mut hasher);
-        }
-    }
-    hasher.finish()
-}
-
-/// Whether a directory entry is one `Config::load` reads: a visible `*.yaml` / `*.yml` file.
-fn is_policy_file(path: &Path) -> bool {
-    let visible = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| !n.starts_with('.'));
-    let yaml = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e == "yaml" || e == "yml");
-    visible && yaml
 }
 
 #[cfg(unix)]

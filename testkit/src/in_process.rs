@@ -132,9 +132,9 @@ impl InProcessBuilder {
             .key_prefix
             .unwrap_or_else(|| unique_prefix("in-process"));
         let options = ServeOptions {
-            config_path: config_dir.clone(),
             reload_interval: self.reload_interval,
             drain_timeout: self.drain_timeout,
+            ..ServeOptions::files(config_dir.clone())
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let (served, grpc_addr, http_addr) = runtime.block_on(async {

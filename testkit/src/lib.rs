@@ -8,13 +8,16 @@
 //! it however it ends, and a test run never leaves servers behind.
 
 pub mod backends;
+pub mod certs;
 pub mod envoy;
 pub mod hits;
 pub mod in_process;
+pub mod mount;
 pub mod net;
 pub mod policy;
 pub mod process;
 pub mod redis;
+pub mod reference;
 pub mod requests;
 pub mod rls;
 pub mod target;

@@ -15,6 +15,7 @@ use redis::Value;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 
+use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, Reconnecting, backend_error, is_noscript};
@@ -58,19 +59,87 @@ impl ClusterBackend {
         key_prefix: &str,
         timeout: Duration,
     ) -> Result<ClusterBackend, BackendError> {
-        if seed_urls.is_empty() {
-            return Err(BackendError::Unavailable(
-                "redis-cluster needs at least one seed URL".to_owned(),
-            ));
+        let text = seed_urls.join(",");
+        let target = Target::parse(Kind::Cluster, &text, None)
+            .map_err(|err| BackendError::Unavailable(format!("redis cluster urls: {err}")))?;
+        ClusterBackend::connect_to(&target, key_prefix, timeout).await
+    }
+
+    /// A backend on the cluster `target`'s nodes belong to (seeds; any reachable node is
+    /// enough), with its credentials and TLS applied to every node, every key starting with
+    /// `key_prefix` and every script call bounded by `timeout`. Fails only on an unusable target:
+    /// an unreachable cluster is retried on each call.
+    pub async fn connect_to(
+        target: &Target,
+        key_prefix: &str,
+        timeout: Duration,
+    ) -> Result<ClusterBackend, BackendError> {
+        let unusable = |err: String| BackendError::Unavailable(format!("redis cluster: {err}"));
+        let connect_timeout = target
+            .connect_timeout
+            .unwrap_or_else(|| timeout.max(MIN_CONNECT_TIMEOUT));
+        let mut seeds = target
+            .connection_infos()
+            .map_err(|err| unusable(err.to_string()))?;
+        // With certificates, the builder applies them to every node it discovers; the seeds
+        // then carry only their address.
+        let certificates = target
+            .certificates()
+            .map_err(|err| unusable(err.to_string()))?;
+        if certificates.is_some() {
+            seeds = target
+                .nodes
+                .iter()
+                .map(|node| {
+                    let addr = match &node.addr {
+                        Addr::Tcp { host, port } => redis::ConnectionAddr::TcpTls {
+                            host: host.clone(),
+                            port: *port,
+                            insecure: false,
+                            tls_params: None,
+                        },
+                        Addr::Unix(path) => redis::ConnectionAddr::Unix(path.clone()),
+                    };
+                    redis::IntoConnectionInfo::into_connection_info(addr)
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|err| unusable(err.to_string()))?;
         }
-        let connect_timeout = timeout.max(MIN_CONNECT_TIMEOUT);
-        let client = ClusterClientBuilder::new(seed_urls.iter().map(String::as_str))
+        if seeds.is_empty() {
+            return Err(unusable("at least one seed node is needed".to_owned()));
+        }
+        let mut builder = ClusterClientBuilder::new(seeds)
             .connection_timeout(connect_timeout)
-            .response_timeout(connect_timeout)
-            .build()
-            .map_err(|err| {
-                BackendError::Unavailable(format!("redis cluster urls {seed_urls:?}: {err}"))
-            })?;
+            .response_timeout(connect_timeout);
+        let auth = target.auth.clone().or_else(|| {
+            target.nodes.first().and_then(|n| {
+                n.password.clone().map(|password| Auth {
+                    username: n.username.clone(),
+                    password,
+                })
+            })
+        });
+        if let Some(auth) = auth {
+            if let Some(user) = &auth.username {
+                builder = builder.username(user);
+            }
+            builder = builder.password(auth.password);
+        }
+        let tls = target.tls.is_some() || target.nodes.iter().any(|n| n.tls);
+        if tls {
+            builder = builder.tls(redis::TlsMode::Secure);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            if target
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.skip_hostname_verification)
+            {
+                builder = builder.danger_accept_invalid_hostnames(true);
+            }
+        }
+        let client = builder.build().map_err(|err| unusable(err.to_string()))?;
         let backend = ClusterBackend {
             client: Box::new(client),
             connection: Arc::default(),

@@ -6,6 +6,7 @@
 //! the shared connection that is reopened on demand (`Reconnecting`).
 
 mod cluster;
+pub mod connect;
 pub mod keys;
 mod scripts;
 mod single;

@@ -1,6 +1,7 @@
-//! The `redis` backend: one Redis server (`redis://` or `rediss://`, optional user and password).
+//! The `redis` backend: one Redis server (`redis://` or `rediss://`, optional user and password,
+//! TLS with client certificates, a unix socket), or the master that Redis Sentinel names.
 //!
-//! Connections come from a deadpool-redis pool. Each is a multiplexed connection that many
+//! Connections come from a deadpool pool ([`super::connect::Pool`]). Each is a multiplexed connection that many
 //! requests share at once, so the backend keeps a few checked out ("lanes") and spreads calls over
 //! them: a pool checkout costs a PING round trip (deadpool's health check), and paying it per
 //! request would double the cost of a decision. A lane whose connection breaks gives it back to the
@@ -11,16 +12,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use deadpool_redis::{Manager, Pool, Runtime};
+use deadpool::Runtime;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, Value};
+use redis::{Cmd, RedisError, RedisResult, Value};
 
+use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, Reconnecting, backend_error};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
-/// Shared connections kept checked out of the pool.
+/// Shared connections kept checked out of the pool, unless the target says otherwise.
 const LANES: usize = 4;
 /// Consecutive timeouts after which a lane's connection is presumed stuck and replaced.
 const STUCK_AFTER_TIMEOUTS: u32 = 3;
@@ -38,6 +40,8 @@ pub struct RedisBackend {
     keys: KeySpace,
     timeout: Duration,
     failures: FailureLog,
+    /// Replicas that must acknowledge a decision's writes before it counts (0: none).
+    wait_replicas: u32,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -53,7 +57,7 @@ impl std::fmt::Debug for RedisBackend {
 #[derive(Default)]
 struct Lane {
     /// A pooled connection, held out of the pool while the lane uses it.
-    connection: Arc<Reconnecting<Arc<deadpool_redis::Connection>>>,
+    connection: Arc<Reconnecting<Arc<Pooled>>>,
     timeouts: AtomicU32,
 }
 
@@ -68,14 +72,32 @@ impl RedisBackend {
         key_prefix: &str,
         timeout: Duration,
     ) -> Result<RedisBackend, BackendError> {
-        let connect_timeout = timeout.max(MIN_CONNECT_TIMEOUT);
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(connect_timeout));
-        let manager = Manager::new_with_config(url, config)
-            .map_err(|err| BackendError::Unavailable(format!("redis url {url:?}: {err}")))?;
-        let pool = Pool::builder(manager)
-            .max_size(LANES * 2)
+        let target = Target::parse(Kind::Single, url, None)
+            .map_err(|err| BackendError::Unavailable(format!("redis url: {err}")))?;
+        RedisBackend::connect_to(&target, key_prefix, timeout, 0).await
+    }
+
+    /// A backend on `target`, one server or the master its sentinels name, with every key
+    /// starting with `key_prefix` and every call bounded by `timeout`. With `wait_replicas` > 0 a
+    /// decision counts only once that many replicas acknowledged its writes (`WAIT`), so that a
+    /// failover cannot lose an admitted hit; otherwise each limit answers its failure mode. Fails
+    /// only on an unusable target (an address, a certificate file): a server that is down now is
+    /// retried on each call, so tollgate can start before Redis does.
+    pub async fn connect_to(
+        target: &Target,
+        key_prefix: &str,
+        timeout: Duration,
+        wait_replicas: u32,
+    ) -> Result<RedisBackend, BackendError> {
+        let connect_timeout = target
+            .connect_timeout
+            .unwrap_or_else(|| timeout.max(MIN_CONNECT_TIMEOUT));
+        let connector = target
+            .connector()
+            .map_err(|err| BackendError::Unavailable(format!("redis: {err}")))?;
+        let lanes = target.pool_size.filter(|n| *n > 0).unwrap_or(LANES);
+        let pool = Pool::builder(Manager::new(connector, connect_timeout))
+            .max_size(lanes * 2)
             .wait_timeout(Some(connect_timeout))
             .create_timeout(Some(connect_timeout))
             .recycle_timeout(Some(connect_timeout))
@@ -84,15 +106,19 @@ impl RedisBackend {
             .map_err(|err| BackendError::Unavailable(format!("redis pool: {err}")))?;
         let backend = RedisBackend {
             pool,
-            lanes: (0..LANES).map(|_| Lane::default()).collect(),
+            lanes: (0..lanes).map(|_| Lane::default()).collect(),
             next_lane: AtomicUsize::new(0),
             scripts: Scripts::default(),
             keys: KeySpace::new(key_prefix),
             timeout,
             failures: FailureLog::default(),
+            wait_replicas,
         };
         if let Err(err) = backend.load_scripts(connect_timeout).await {
-            tracing::warn!("redis at {url} is not reachable yet ({err}); retrying on each call");
+            tracing::warn!(
+                "redis at {} is not reachable yet ({err}); retrying on each call",
+                target.describe()
+            );
         }
         Ok(backend)
     }
@@ -145,7 +171,7 @@ impl RedisBackend {
         let mut replies = if calls.is_empty() {
             Ok(Vec::new().into_iter())
         } else {
-            self.run(&calls).await.map(Vec::into_iter)
+            self.run(&calls, true).await.map(Vec::into_iter)
         };
         let mut calls = calls.into_iter();
         let mut refused = refused.into_iter().peekable();
@@ -173,8 +199,10 @@ impl RedisBackend {
     }
 
     /// Runs `calls` within the deadline, answering one reply per call (see [`call_result`]).
-    async fn run(&self, calls: &[Call<'_>]) -> Result<Vec<Value>, BackendError> {
-        let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls)).await;
+    /// `durable`: the calls admit hits, so with `wait_replicas` their writes must reach the
+    /// replicas before they count.
+    async fn run(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, BackendError> {
+        let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls, durable)).await;
         let result = match outcome {
             Ok(result) => result,
             Err(_) => Err(BackendError::Timeout(self.timeout)),
@@ -186,15 +214,49 @@ impl RedisBackend {
         result
     }
 
-    /// Sends `calls` in one round trip: one command alone, several as a pipeline.
-    async fn pipeline(&self, calls: &[Call<'_>]) -> Result<Vec<Value>, BackendError> {
+    /// `WAIT <replicas> <ms>` when decisions must be replicated: it answers how many replicas
+    /// acknowledged every write sent on the connection so far. Its timeout leaves half the
+    /// deadline, so a lagging replica turns into a failure answer, not a missed deadline.
+    fn wait_command(&self, durable: bool) -> Option<Cmd> {
+        if !durable || self.wait_replicas == 0 {
+            return None;
+        }
+        let millis = (self.timeout.as_millis() / 2).clamp(1, u128::from(u32::MAX));
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.wait_replicas).arg(millis.to_string());
+        Some(wait)
+    }
+
+    /// Sends `calls` in one round trip: one command alone, several as a pipeline (followed by a
+    /// `WAIT` when the writes must be replicated).
+    async fn pipeline(
+        &self,
+        calls: &[Call<'_>],
+        durable: bool,
+    ) -> Result<Vec<Value>, BackendError> {
         let (lane, mut conn) = self.connection().await?;
         let timed = LaneGuard {
             lane: &self.lanes[lane],
         };
-        let mut replies = match send(&mut conn, calls.iter().map(Call::evalsha)).await {
+        let wait = self.wait_command(durable);
+        let sent = match &wait {
+            None => send(&mut conn, calls.iter().map(Call::evalsha)).await,
+            Some(wait) => {
+                let commands: Vec<Cmd> = calls
+                    .iter()
+                    .map(Call::evalsha)
+                    .chain(std::iter::once(wait.clone()))
+                    .collect();
+                send(&mut conn, commands.into_iter()).await
+            }
+        };
+        let mut replies = match sent {
             Ok(replies) => replies,
             Err(err) => return Err(self.broken(lane, &err)),
+        };
+        let mut acknowledged = match &wait {
+            Some(_) => replies.pop(),
+            None => None,
         };
         if replies.len() != calls.len() {
             return Err(BackendError::Protocol(format!(
@@ -202,6 +264,13 @@ impl RedisBackend {
                 calls.len(),
                 replies.len()
             )));
+        }
+        if replies.iter().any(is_read_only) {
+            // The server turned replica (a failover): this connection can never write again.
+            self.lanes[lane].discard();
+            return Err(BackendError::Unavailable(
+                "redis answered READONLY: the server is a replica now (failover)".into(),
+            ));
         }
         // The server lost its script cache (restart, SCRIPT FLUSH): send those scripts along,
         // which caches them again. Calls that hit NOSCRIPT did not run, so resending is safe.
@@ -212,13 +281,45 @@ impl RedisBackend {
             })
             .collect();
         if !missing.is_empty() {
-            let retry = missing.iter().map(|&i| calls[i].eval());
-            let again = match send(&mut conn, retry).await {
+            let retry: Vec<Cmd> = missing
+                .iter()
+                .map(|&i| calls[i].eval())
+                .chain(wait.clone())
+                .collect();
+            let mut again = match send(&mut conn, retry.into_iter()).await {
                 Ok(again) => again,
                 Err(err) => return Err(self.broken(lane, &err)),
             };
+            if wait.is_some() {
+                acknowledged = again.pop();
+            }
+            if again.iter().any(is_read_only) {
+                self.lanes[lane].discard();
+                return Err(BackendError::Unavailable(
+                    "redis answered READONLY: the server is a replica now (failover)".into(),
+                ));
+            }
             for (i, reply) in missing.into_iter().zip(again) {
                 replies[i] = reply;
+            }
+        }
+        if wait.is_some() {
+            let replicas = match acknowledged {
+                Some(Value::Int(n)) => n,
+                other => {
+                    return Err(BackendError::Protocol(format!(
+                        "WAIT answered {other:?} instead of a replica count"
+                    )));
+                }
+            };
+            if replicas < i64::from(self.wait_replicas) {
+                // The hits were recorded on this server but may not survive a failover, so they
+                // are not counted as admitted: each limit answers its failure mode instead.
+                timed.answered();
+                return Err(BackendError::Unavailable(format!(
+                    "{replicas} of {} replicas acknowledged the decision in time",
+                    self.wait_replicas
+                )));
             }
         }
         timed.answered();
@@ -234,7 +335,7 @@ impl RedisBackend {
             .get_or_open(move || async move {
                 match pool.get().await {
                     Ok(pooled) => Ok(Arc::new(pooled)),
-                    Err(deadpool_redis::PoolError::Backend(err)) => Err(backend_error(&err)),
+                    Err(deadpool::managed::PoolError::Backend(err)) => Err(backend_error(&err)),
                     Err(other) => Err(BackendError::Unavailable(format!(
                         "redis connection: {other}"
                     ))),
@@ -278,6 +379,11 @@ async fn send(
         pipe.add_command(command);
     }
     conn.send_packed_commands(&pipe, 0, pipe.len()).await
+}
+
+/// Whether a reply is the error a replica gives to writes.
+fn is_read_only(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(err) if err.kind() == Some(redis::ServerErrorKind::ReadOnly))
 }
 
 /// One call's result from its reply: a server error (the script failed, NOSCRIPT) is the call's
@@ -337,7 +443,7 @@ impl Backend for RedisBackend {
             return Ok(());
         }
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        for reply in self.run(&calls).await? {
+        for reply in self.run(&calls, false).await? {
             call_result(reply).map_err(|err| backend_error(&err))?;
         }
         Ok(())

@@ -1,0 +1,159 @@
+//! A second store for per-second limits (envoyproxy/ratelimit's `REDIS_PERSECOND`): limits whose
+//! window is one second are charged in one backend, every other limit in the main one. Per-second
+//! limits are the busiest and the shortest-lived, so a deployment may give them a Redis of their
+//! own.
+
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
+
+/// The window, in milliseconds, whose limits go to the per-second backend.
+const ONE_SECOND_MS: u64 = 1000;
+
+/// The main backend and, optionally, one for one-second windows.
+#[derive(Debug)]
+pub struct PerSecond<B> {
+    main: B,
+    per_second: Option<B>,
+}
+
+impl<B> PerSecond<B> {
+    /// Every limit in `main`, except one-second windows when `per_second` is given.
+    pub fn new(main: B, per_second: Option<B>) -> Self {
+        PerSecond { main, per_second }
+    }
+
+    /// The backend that holds windows of `window_ms`.
+    fn for_window(&self, window_ms: u64) -> &B {
+        match &self.per_second {
+            Some(per_second) if window_ms == ONE_SECOND_MS => per_second,
+            _ => &self.main,
+        }
+    }
+}
+
+impl<B: Backend> Backend for PerSecond<B> {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        let Some(per_second) = &self.per_second else {
+            return self.main.acquire(hits).await;
+        };
+        type Indexed<'h> = Vec<(usize, &'h Hit)>;
+        let (fast, slow): (Indexed<'_>, Indexed<'_>) = hits
+            .iter()
+            .enumerate()
+            .partition(|(_, hit)| hit.window_ms == ONE_SECOND_MS);
+        if slow.is_empty() {
+            return per_second.acquire(hits).await;
+        }
+        if fast.is_empty() {
+            return self.main.acquire(hits).await;
+        }
+        let fast_hits: Vec<Hit> = fast.iter().map(|(_, hit)| (*hit).clone()).collect();
+        let slow_hits: Vec<Hit> = slow.iter().map(|(_, hit)| (*hit).clone()).collect();
+        let (fast_results, slow_results) = futures_util::future::join(
+            per_second.acquire(&fast_hits),
+            self.main.acquire(&slow_hits),
+        )
+        .await;
+        let mut results: Vec<Option<Result<Outcome, BackendError>>> =
+            (0..hits.len()).map(|_| None).collect();
+        for ((index, _), result) in fast.iter().zip(fast_results) {
+            results[*index] = Some(result);
+        }
+        for ((index, _), result) in slow.iter().zip(slow_results) {
+            results[*index] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result
+                    .unwrap_or_else(|| Err(BackendError::Protocol("a hit went unanswered".into())))
+            })
+            .collect()
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        let Some(per_second) = &self.per_second else {
+            return self.main.release(receipts).await;
+        };
+        let (fast, slow): (Vec<Receipt>, Vec<Receipt>) = receipts
+            .iter()
+            .cloned()
+            .partition(|receipt| receipt.window_ms == ONE_SECOND_MS);
+        let (fast, slow) = futures_util::future::join(
+            async {
+                if fast.is_empty() {
+                    Ok(())
+                } else {
+                    per_second.release(&fast).await
+                }
+            },
+            async {
+                if slow.is_empty() {
+                    Ok(())
+                } else {
+                    self.main.release(&slow).await
+                }
+            },
+        )
+        .await;
+        fast.and(slow)
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        self.main.ping().await?;
+        match &self.per_second {
+            Some(per_second) => per_second.ping().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Shard keys come from the store that holds the window. Both stores are Redis backends, whose
+/// shard identities agree, so the main one answers for both.
+impl<B: ShardKeys> ShardKeys for PerSecond<B> {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        self.for_window(0).shard_key(key, shard, shards)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemoryBackend;
+    use crate::window::{Algorithm, Cost};
+
+    fn hit(key: &str, window_ms: u64) -> Hit {
+        Hit {
+            key: key.into(),
+            algorithm: Algorithm::SlidingWindowCounter,
+            limit: 1,
+            window_ms,
+            cost: Cost::Consume(1),
+            shards: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_second_windows_go_to_their_own_store_in_request_order() {
+        let split = PerSecond::new(MemoryBackend::new(), Some(MemoryBackend::new()));
+        let hits = [hit("a", 60_000), hit("b", 1000), hit("c", 60_000)];
+        let first = split.acquire(&hits).await;
+        assert!(
+            first
+                .iter()
+                .all(|r| r.as_ref().is_ok_and(|o| o.verdict.admitted))
+        );
+        // Each store now holds only its own windows: the per-second one knows `b` alone.
+        let again = split.per_second.as_ref().unwrap().acquire(&hits).await;
+        let admitted: Vec<bool> = again
+            .iter()
+            .map(|r| r.as_ref().is_ok_and(|o| o.verdict.admitted))
+            .collect();
+        assert_eq!(admitted, [true, false, true]);
+        let main = split.main.acquire(&hits).await;
+        let admitted: Vec<bool> = main
+            .iter()
+            .map(|r| r.as_ref().is_ok_and(|o| o.verdict.admitted))
+            .collect();
+        assert_eq!(admitted, [false, true, false]);
+    }
+}

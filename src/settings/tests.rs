@@ -1,0 +1,428 @@
+use std::collections::HashMap;
+
+use super::*;
+
+fn resolve(entry: Entry, flags: &Flags, vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    Settings::resolve(entry, flags, &move |name| map.get(name).cloned())
+}
+
+fn config_flag() -> Flags {
+    Flags {
+        config: Some(PathBuf::from("examples/")),
+        ..Flags::default()
+    }
+}
+
+fn error(entry: Entry, vars: &[(&str, &str)]) -> String {
+    resolve(entry, &config_flag(), vars)
+        .unwrap_err()
+        .to_string()
+}
+
+/// What Envoy Gateway sets on the rate-limit container.
+const ENVOY_GATEWAY: &[(&str, &str)] = &[
+    ("RUNTIME_ROOT", "/data"),
+    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ("RUNTIME_IGNOREDOTFILES", "true"),
+    ("RUNTIME_WATCH_ROOT", "false"),
+    ("LOG_LEVEL", "info"),
+    ("USE_STATSD", "false"),
+    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+    ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+    ("GRPC_SERVER_USE_TLS", "true"),
+    ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+    ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ("REDIS_SOCKET_TYPE", "tcp"),
+    ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
+    ("USE_PROMETHEUS", "true"),
+    ("PROMETHEUS_ADDR", ":19001"),
+    ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+];
+
+#[test]
+fn envoy_gateways_environment_resolves_under_the_ratelimit_entry() {
+    let settings = resolve(Entry::Reference, &Flags::default(), ENVOY_GATEWAY).unwrap();
+    assert_eq!(
+        settings.listen.grpc,
+        GrpcAddr::Tcp("0.0.0.0:8081".parse().unwrap())
+    );
+    assert_eq!(settings.listen.http, "0.0.0.0:8080".parse().unwrap());
+    assert_eq!(settings.listen.debug, Some("0.0.0.0:6070".parse().unwrap()));
+    assert_eq!(
+        settings.listen.metrics,
+        Some("0.0.0.0:19001".parse().unwrap())
+    );
+    let tls = settings.grpc.tls.expect("TLS on");
+    assert_eq!(tls.cert, PathBuf::from("/certs/tls.crt"));
+    assert_eq!(tls.client_ca, Some(PathBuf::from("/certs/ca.crt")));
+    assert_eq!(
+        settings.policies,
+        PolicySettings::XdsSotw(XdsSettings::default())
+    );
+    assert!(settings.force_start_without_initial_config);
+    assert_eq!(settings.log.level, Some(LogLevel::Info));
+    let Store::Redis(target) = &settings.backend.store else {
+        panic!("a redis backend: {:?}", settings.backend.store);
+    };
+    assert_eq!(target.kind, Kind::Single);
+    assert_eq!(
+        target.describe(),
+        "redis.redis-system.svc.cluster.local:6379"
+    );
+    assert!(target.tls.is_none());
+    assert_eq!(
+        settings.grpc.max_connection_age,
+        Some(Duration::from_secs(86_400))
+    );
+    assert!(
+        settings
+            .notices
+            .iter()
+            .any(|n| n.starts_with("PROMETHEUS_MAPPER_YAML")),
+        "{:?}",
+        settings.notices
+    );
+}
+
+#[test]
+fn with_nothing_set_serve_keeps_tollgates_defaults() {
+    let settings = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();
+    assert_eq!(settings.listen.grpc, GrpcAddr::Tcp(DEFAULT_GRPC));
+    assert_eq!(settings.listen.http, DEFAULT_HTTP);
+    assert_eq!(settings.listen.debug, None);
+    assert_eq!(settings.listen.metrics, None);
+    assert_eq!(settings.backend.store, Store::Memory);
+    assert_eq!(settings.backend.key_prefix, "tollgate:");
+    assert_eq!(settings.backend.timeout, Duration::from_millis(50));
+    assert_eq!(settings.grpc.tls, None);
+    assert_eq!(settings.grpc.max_connection_age, None);
+    assert_eq!(settings.log.level, None);
+    assert_eq!(settings.log.format, LogFormat::Text);
+    assert_eq!(settings.limiter, limiter::Settings::default());
+    assert_eq!(
+        settings.policies,
+        PolicySettings::Files(FileSource::Path(PathBuf::from("examples/")))
+    );
+    assert!(settings.notices.is_empty(), "{:?}", settings.notices);
+    let missing = resolve(Entry::Tollgate, &Flags::default(), &[]).unwrap_err();
+    assert!(missing.to_string().contains("--config"), "{missing}");
+}
+
+#[test]
+fn the_ratelimit_entry_takes_the_references_defaults() {
+    let settings = resolve(Entry::Reference, &Flags::default(), &[]).unwrap();
+    assert!(matches!(settings.backend.store, Store::Redis(_)));
+    assert_eq!(settings.listen.debug, Some("0.0.0.0:6070".parse().unwrap()));
+    assert_eq!(
+        settings.policies,
+        PolicySettings::Files(FileSource::Runtime(RuntimeLayout {
+            root: "/srv/runtime_data/current".into(),
+            subdirectory: String::new(),
+            appdirectory: "config".into(),
+            watch_root: true,
+            ignore_dot_files: false,
+        }))
+    );
+}
+
+#[test]
+fn flags_win_over_the_references_variables() {
+    let flags = Flags {
+        grpc_addr: Some("127.0.0.1:1".parse().unwrap()),
+        http_addr: Some("127.0.0.1:2".parse().unwrap()),
+        backend: Some(BackendKind::Memory),
+        key_prefix: Some("mine:".into()),
+        shadow_mode: Some(false),
+        ..config_flag()
+    };
+    let settings = resolve(
+        Entry::Reference,
+        &flags,
+        &[
+            ("GRPC_PORT", "9"),
+            ("PORT", "10"),
+            ("BACKEND_TYPE", "redis"),
+            ("CACHE_KEY_PREFIX", "theirs:"),
+            ("SHADOW_MODE", "true"),
+            ("RUNTIME_ROOT", "/elsewhere"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        settings.listen.grpc,
+        GrpcAddr::Tcp("127.0.0.1:1".parse().unwrap())
+    );
+    assert_eq!(settings.listen.http, "127.0.0.1:2".parse().unwrap());
+    assert_eq!(settings.backend.store, Store::Memory);
+    assert_eq!(settings.backend.key_prefix, "mine:");
+    assert!(!settings.limiter.shadow_mode);
+    assert_eq!(
+        settings.policies,
+        PolicySettings::Files(FileSource::Path(PathBuf::from("examples/")))
+    );
+}
+
+#[test]
+fn the_references_variables_fill_what_flags_leave() {
+    let settings = resolve(
+        Entry::Tollgate,
+        &config_flag(),
+        &[
+            ("GRPC_PORT", "9081"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0x1F90"),
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_TYPE", "Sentinel"),
+            ("REDIS_URL", "mymaster,127.0.0.1:26379,127.0.0.1:26380"),
+            ("REDIS_AUTH", "alice:secret"),
+            ("REDIS_SENTINEL_AUTH", "sentinelpass"),
+            ("CACHE_KEY_PREFIX", ""),
+            ("SHADOW_MODE", "T"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+            ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
+            ("LOG_FORMAT", "JSON"),
+            ("LOG_LEVEL", "WARNING"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        settings.listen.grpc,
+        GrpcAddr::Tcp("0.0.0.0:9081".parse().unwrap())
+    );
+    assert_eq!(settings.listen.http, "127.0.0.1:8080".parse().unwrap());
+    let Store::Redis(target) = &settings.backend.store else {
+        panic!("redis");
+    };
+    assert_eq!(target.kind, Kind::Sentinel);
+    assert_eq!(target.master_name.as_deref(), Some("mymaster"));
+    assert_eq!(target.nodes.len(), 2);
+    assert_eq!(
+        target.auth.as_ref().and_then(|a| a.username.as_deref()),
+        Some("alice")
+    );
+    assert_eq!(
+        target.sentinel_auth.as_ref().map(|a| a.password.as_str()),
+        Some("sentinelpass")
+    );
+    assert_eq!(settings.backend.key_prefix, "");
+    assert!(settings.limiter.shadow_mode);
+    let headers = settings.limit_headers.expect("headers on");
+    assert_eq!(headers.limit, "RateLimit-Limit");
+    assert_eq!(headers.reset, "X-Reset");
+    assert_eq!(
+        settings.grpc.max_connection_age,
+        Some(Duration::from_secs(5400))
+    );
+    assert_eq!(settings.grpc.max_connection_age_grace, None);
+    assert_eq!(settings.log.format, LogFormat::Json);
+    assert_eq!(settings.log.level, Some(LogLevel::Warn));
+}
+
+#[test]
+fn malformed_values_name_the_variable_and_what_it_accepts() {
+    let e = error(Entry::Tollgate, &[("PORT", "abc")]);
+    assert!(e.starts_with("PORT=abc: expected a port number"), "{e}");
+    let e = error(Entry::Tollgate, &[("PORT", "")]);
+    assert!(e.starts_with("PORT=: expected"), "{e}");
+    let e = error(
+        Entry::Tollgate,
+        &[("BACKEND_TYPE", "redis"), ("REDIS_TYPE", "ring")],
+    );
+    assert_eq!(e, "REDIS_TYPE=ring: expected single, cluster or sentinel");
+    let e = error(Entry::Tollgate, &[("SHADOW_MODE", "yes")]);
+    assert!(
+        e.starts_with("SHADOW_MODE=yes: expected true or false"),
+        "{e}"
+    );
+    let e = error(Entry::Tollgate, &[("REDIS_TIMEOUT", "10")]);
+    assert!(
+        e.starts_with("REDIS_TIMEOUT=10: expected a duration"),
+        "{e}"
+    );
+    let e = error(Entry::Tollgate, &[("CONFIG_TYPE", "file")]);
+    assert_eq!(e, "CONFIG_TYPE=file: expected FILE or GRPC_XDS_SOTW");
+    let e = error(Entry::Tollgate, &[("LOG_LEVEL", "verbose")]);
+    assert!(
+        e.starts_with("LOG_LEVEL=verbose: expected trace, debug"),
+        "{e}"
+    );
+    let e = error(Entry::Reference, &[("REDIS_SOCKET_TYPE", "udp")]);
+    assert_eq!(e, "REDIS_SOCKET_TYPE=udp: expected tcp or unix");
+    let e = error(
+        Entry::Tollgate,
+        &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "/a{b}")],
+    );
+    assert!(
+        e.starts_with("PROMETHEUS_PATH=/a{b}: expected a URL path"),
+        "{e}"
+    );
+    let e = error(
+        Entry::Tollgate,
+        &[
+            ("USE_PROMETHEUS", "true"),
+            ("PORT", "9090"),
+            ("PROMETHEUS_ADDR", ":9090"),
+            ("PROMETHEUS_PATH", "/json"),
+        ],
+    );
+    assert!(e.contains("would hide the admin endpoint"), "{e}");
+    let e = error(Entry::Tollgate, &[("EXTRA_TAGS", "a:b,c")]);
+    assert!(e.starts_with("EXTRA_TAGS=a:b,c: expected key:value"), "{e}");
+    let e = error(
+        Entry::Reference,
+        &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "mymaster")],
+    );
+    assert!(
+        e.starts_with("REDIS_URL=mymaster: a sentinel address"),
+        "{e}"
+    );
+}
+
+#[test]
+fn secrets_never_appear_in_messages() {
+    let e = error(
+        Entry::Reference,
+        &[("REDIS_URL", "redis://alice:hunter2@redis:6379,x:1")],
+    );
+    assert!(!e.contains("hunter2"), "{e}");
+    let e = error(
+        Entry::Reference,
+        &[("REDIS_AUTH", "hunter2"), ("REDIS_POOL_SIZE", "-1")],
+    );
+    assert!(!e.contains("hunter2"), "{e}");
+    let settings = resolve(
+        Entry::Reference,
+        &Flags::default(),
+        &[("REDIS_AUTH", "hunter2")],
+    )
+    .unwrap();
+    assert!(!format!("{settings:?}").contains("hunter2"));
+}
+
+#[test]
+fn unsupported_settings_stop_or_warn_as_carrying_on_would_surprise_or_not() {
+    let e = error(Entry::Tollgate, &[("BACKEND_TYPE", "memcache")]);
+    assert!(
+        e.starts_with("BACKEND_TYPE=memcache: tollgate has no memcached backend"),
+        "{e}"
+    );
+    let e = error(Entry::Tollgate, &[("MERGE_DOMAIN_CONFIG", "true")]);
+    assert!(e.starts_with("MERGE_DOMAIN_CONFIG=true"), "{e}");
+    let settings = resolve(
+        Entry::Tollgate,
+        &config_flag(),
+        &[
+            ("USE_STATSD", "true"),
+            ("USE_DOG_STATSD", "true"),
+            ("TRACING_ENABLED", "true"),
+        ],
+    )
+    .unwrap();
+    for var in [
+        "USE_STATSD=true",
+        "USE_DOG_STATSD=true",
+        "TRACING_ENABLED=true",
+    ] {
+        assert!(
+            settings.notices.iter().any(|n| n.starts_with(var)),
+            "{var}: {:?}",
+            settings.notices
+        );
+    }
+}
+
+#[test]
+fn tls_needs_a_key_pair_and_takes_either_client_ca_name() {
+    let e = error(Entry::Tollgate, &[("GRPC_SERVER_USE_TLS", "true")]);
+    assert!(e.contains("GRPC_SERVER_TLS_CERT"), "{e}");
+    let settings = resolve(
+        Entry::Tollgate,
+        &config_flag(),
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "c"),
+            ("GRPC_SERVER_TLS_KEY", "k"),
+            ("GRPC_CLIENT_TLS_CACERT", "ca"),
+            ("GRPC_SERVER_TLS_CA_CERT", "other"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
+        ],
+    )
+    .unwrap();
+    let tls = settings.grpc.tls.unwrap();
+    assert_eq!(tls.client_ca, Some(PathBuf::from("ca")));
+    assert_eq!(tls.client_san.as_deref(), Some("envoy.example"));
+}
+
+#[test]
+fn redis_tls_and_the_per_second_store() {
+    let settings = resolve(
+        Entry::Reference,
+        &Flags::default(),
+        &[
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", "/run/ps.sock"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "unix"),
+        ],
+    )
+    .unwrap();
+    let Store::Redis(main) = &settings.backend.store else {
+        panic!("redis");
+    };
+    let tls = main.tls.as_ref().expect("TLS to the main store");
+    assert_eq!(
+        tls.client_cert.as_deref(),
+        Some(std::path::Path::new("/redis-certs/tls.crt"))
+    );
+    let per_second = settings.backend.per_second.expect("a per-second store");
+    assert!(per_second.tls.is_none());
+    assert_eq!(per_second.describe(), "unix:/run/ps.sock");
+}
+
+#[test]
+fn go_numbers_and_durations() {
+    assert_eq!(go_int("8080"), Some(8080));
+    assert_eq!(go_int("0x1F"), Some(31));
+    assert_eq!(go_int("0o17"), Some(15));
+    assert_eq!(go_int("010"), Some(8));
+    assert_eq!(go_int("0b101"), Some(5));
+    assert_eq!(go_int("1_000"), Some(1000));
+    assert_eq!(go_int("-3"), Some(-3));
+    for bad in ["", " 8080", "08080", "abc", "1__0", "_1"] {
+        assert_eq!(go_int(bad), None, "{bad:?}");
+    }
+    assert_eq!(go_duration("0"), Some(Duration::ZERO));
+    assert_eq!(go_duration("10s"), Some(Duration::from_secs(10)));
+    assert_eq!(go_duration("1h30m"), Some(Duration::from_secs(5400)));
+    assert_eq!(go_duration("1.5h"), Some(Duration::from_secs(5400)));
+    assert_eq!(go_duration("250ms"), Some(Duration::from_millis(250)));
+    assert_eq!(go_duration("150us"), Some(Duration::from_micros(150)));
+    assert_eq!(go_duration("-5s"), Some(Duration::ZERO));
+    for bad in ["", "10", "1d", "s", "1.2.3s"] {
+        assert_eq!(go_duration(bad), None, "{bad:?}");
+    }
+    assert_eq!(
+        listen_addr(":19001"),
+        Some("0.0.0.0:19001".parse().unwrap())
+    );
+    assert_eq!(
+        listen_addr("[::1]:9090"),
+        Some("[::1]:9090".parse().unwrap())
+    );
+    assert_eq!(listen_addr("9090"), None);
+}

@@ -1,0 +1,267 @@
+//! Start-up settings at the binary's edge: the `ratelimit` entry point serving from nothing but
+//! environment variables, the reference's own example setup reloading its policies, malformed
+//! and unsupported settings stopping start-up with a message naming the variable, flags winning
+//! over the environment, and `serve --help` naming every flag's variable.
+
+use std::process::Command;
+use std::time::Duration;
+
+use tollgate_testkit::mount::Mount;
+use tollgate_testkit::net::{agent, send};
+use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::reference::Ratelimit;
+use tollgate_testkit::tollgate::tollgate_bin;
+use tollgate_testkit::wait;
+
+const REQUEST: &str =
+    r#"{"domain":"rl","descriptors":[{"entries":[{"key":"foo","value":"bar"}]}]}"#;
+
+/// Policies shaped like the reference's example (`examples/ratelimit/config/`): files without a
+/// `.yaml` filter in mind, one nested.
+const CONFIG: &str = "domain: rl
+descriptors:
+  - key: foo
+    value: bar
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+const EXAMPLE: &str = "domain: other
+descriptors:
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: mock
+        rate_limit: {unit: second, requests_per_unit: 1}
+";
+
+/// The reference's docker-compose example, as a Kubernetes Deployment mounts it: its
+/// variables, with the policies in a ConfigMap-shaped directory read without watching the root.
+#[test]
+fn the_references_example_setup_serves_and_reloads_its_config_map() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let mut config_map = Mount::create(
+        &data.path().join("ratelimit/config"),
+        &[
+            ("config.yaml", CONFIG.as_bytes()),
+            ("example", EXAMPLE.as_bytes()),
+        ],
+    );
+    let ratelimit = Ratelimit::builder()
+        .env("USE_STATSD", "false")
+        .env("LOG_LEVEL", "debug")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port()))
+        .env("RUNTIME_ROOT", data.path().display().to_string())
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("RUNTIME_WATCH_ROOT", "false")
+        .env("RUNTIME_IGNOREDOTFILES", "true")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", "0")
+        .env("TOLLGATE_RELOAD_INTERVAL", "200ms")
+        .start_healthy();
+    let client = agent();
+    let rlconfig = || send(&client, "GET", &ratelimit.url("/rlconfig"), &[], None).body;
+    let table = rlconfig();
+    assert!(table.contains("rl.foo_bar"), "{table}");
+    // The file without an extension loads too, as the reference reads every file.
+    assert!(
+        table.contains("other.source_cluster_proxy.destination_cluster_mock"),
+        "{table}"
+    );
+    let decide = || send(&client, "POST", &ratelimit.url("/json"), &[], Some(REQUEST)).status;
+    assert_eq!([decide(), decide(), decide()], [200, 200, 429]);
+
+    // The ConfigMap is updated (the kubelet swaps `..data`): the new limit takes over.
+    let raised = CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 50");
+    config_map.update(&[
+        ("config.yaml", raised.as_bytes()),
+        ("example", EXAMPLE.as_bytes()),
+    ]);
+    wait::until("the raised limit to load", Duration::from_secs(30), || {
+        rlconfig().contains("50  minute")
+    });
+    assert_eq!(decide(), 200);
+    // A broken update keeps the last good config.
+    config_map.update(&[
+        ("config.yaml", b"domain: rl\ndescriptors: [oops"),
+        ("example", EXAMPLE.as_bytes()),
+    ]);
+    wait::until(
+        "the failed reload to be logged",
+        Duration::from_secs(30),
+        || ratelimit.log().contains("config reload failed"),
+    );
+    assert!(rlconfig().contains("50  minute"));
+    assert_eq!(decide(), 200);
+}
+
+/// The binary as `ratelimit`, with only `vars` set, run until it exits: its status and log.
+fn ratelimit_exits_with(vars: &[(&str, &str)]) -> (bool, String) {
+    let (status, log) = Ratelimit::builder()
+        .envs(vars.iter().copied())
+        .run_to_exit();
+    (status.success(), log)
+}
+
+#[test]
+fn malformed_settings_stop_start_up_naming_the_variable() {
+    for (vars, expected) in [
+        (
+            &[("PORT", "abc")][..],
+            "ratelimit: PORT=abc: expected a port number from 0 to 65535, such as 8080",
+        ),
+        (
+            &[("REDIS_TYPE", "ring")][..],
+            "ratelimit: REDIS_TYPE=ring: expected single, cluster or sentinel",
+        ),
+        (
+            &[("BACKEND_TYPE", "memcache")][..],
+            "ratelimit: BACKEND_TYPE=memcache: tollgate has no memcached backend",
+        ),
+        (
+            &[("USE_PROMETHEUS", "yes")][..],
+            "ratelimit: USE_PROMETHEUS=yes: expected true or false",
+        ),
+        (
+            &[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..],
+            "ratelimit: CONFIG_TYPE=GRPC_XDS_SOTW: the xDS config source is not available in this build",
+        ),
+        (
+            &[
+                ("RUNTIME_ROOT", "/nonexistent"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("RUNTIME_WATCH_ROOT", "false"),
+            ][..],
+            "/nonexistent/ratelimit/config:1:1: the policy directory",
+        ),
+    ] {
+        let (success, log) = ratelimit_exits_with(vars);
+        assert!(!success, "{vars:?} started");
+        assert!(
+            log.contains(expected),
+            "{vars:?}: expected {expected:?} in\n{log}"
+        );
+    }
+}
+
+#[test]
+fn unsupported_but_harmless_settings_get_one_warning_line() {
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let ratelimit = Ratelimit::builder()
+        .envs([
+            ("BACKEND_TYPE", "redis"),
+            ("USE_STATSD", "true"),
+            ("USE_DOG_STATSD", "true"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("DEBUG_PORT", "0"),
+            ("DEBUG_HOST", "127.0.0.1"),
+        ])
+        .env("RUNTIME_ROOT", data.path().display().to_string())
+        .start();
+    let log = ratelimit.log();
+    for var in ["USE_STATSD=true", "USE_DOG_STATSD=true"] {
+        let lines: Vec<&str> = log.lines().filter(|line| line.contains(var)).collect();
+        assert_eq!(lines.len(), 1, "{var}:\n{log}");
+        assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    }
+}
+
+#[test]
+fn flags_win_over_the_environment_and_serve_help_names_every_variable() {
+    let redis = RedisServer::start();
+    let policies = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(policies.path().join("rl.yaml"), CONFIG).expect("write a policy");
+    // REDIS_URL points nowhere; the flag's URL is used.
+    let ratelimit = Ratelimit::builder()
+        .envs([
+            ("REDIS_URL", "127.0.0.1:1"),
+            ("GRPC_PORT", "not a port, but the flag wins"),
+            ("PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("DEBUG_PORT", "0"),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ])
+        .args([
+            "--redis-url".to_owned(),
+            redis.url(),
+            "--grpc-addr".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--config".to_owned(),
+            policies.path().display().to_string(),
+        ])
+        .start_healthy();
+    let client = agent();
+    let reply = send(&client, "POST", &ratelimit.url("/json"), &[], Some(REQUEST));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    // LIMIT_RESPONSE_HEADERS_ENABLED adds the draft RateLimit headers.
+    assert!(
+        reply
+            .body
+            .contains(r#"{"key":"RateLimit-Limit","value":"2"},{"key":"RateLimit-Remaining","value":"1"},{"key":"RateLimit-Reset","value":""#),
+        "{}",
+        reply.body
+    );
+
+    let help = Command::new(tollgate_bin())
+        .args(["serve", "--help"])
+        .output()
+        .expect("run tollgate serve --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let flags = help
+        .lines()
+        .filter(|line| line.trim_start().starts_with("--"))
+        .count();
+    let named = help.matches("[env: TOLLGATE_").count();
+    assert!(flags >= 20, "{help}");
+    // Every flag names its variable (`-h, --help` aside, which the count leaves out).
+    assert_eq!(named, flags, "{help}");
+    for reference in [
+        "GRPC_PORT",
+        "REDIS_URL",
+        "GRPC_SERVER_TLS_CERT",
+        "CACHE_KEY_PREFIX",
+        "LOG_LEVEL",
+    ] {
+        assert!(help.contains(reference), "{reference} missing from\n{help}");
+    }
+}
+
+#[test]
+fn with_no_variables_and_no_flags_serve_behaves_as_before() {
+    let output = Command::new(tollgate_bin())
+        .arg("serve")
+        .env_clear()
+        .output()
+        .expect("run tollgate serve");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--config"), "{stderr}");
+}
+
+#[test]
+fn serve_config_reads_top_level_yaml_and_names_what_it_skipped() {
+    let tollgate = tollgate_testkit::tollgate::Tollgate::builder()
+        .policy("rl.yaml", CONFIG)
+        .policy("README.md", "not a policy")
+        .policy(".hidden.yaml", "not read either")
+        .start();
+    let log = tollgate.log();
+    let skipped: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("skipped"))
+        .collect();
+    assert_eq!(skipped.len(), 1, "{log}");
+    assert!(skipped[0].contains("README.md"), "{log}");
+    let rlconfig = send(&agent(), "GET", &tollgate.url("/rlconfig"), &[], None).body;
+    assert!(rlconfig.contains("rl.foo_bar"), "{rlconfig}");
+}
