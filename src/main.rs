@@ -11,9 +11,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tollgate::backend::redis::{ClusterBackend, RedisBackend};
 use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, MemoryBackend};
+use tollgate::config::xds::{ExtensionDefaults, XdsOptions, parse_go_bool};
 use tollgate::config::{Config, FailureMode};
 use tollgate::limiter::{Limiter, Settings};
-use tollgate::server::{self, Listeners, ServeOptions};
+use tollgate::server::{self, Listeners, PolicySource, ServePlan};
+use tollgate::window::Algorithm;
 
 /// A sliding-window rate-limit service for Envoy (RateLimitService v3).
 #[derive(Debug, Parser)]
@@ -57,11 +59,30 @@ enum LogFormat {
     Json,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum AlgorithmArg {
+    /// Spelled as in a policy file.
+    #[value(name = "sliding_window_counter")]
+    SlidingWindowCounter,
+    #[value(name = "sliding_window_log")]
+    SlidingWindowLog,
+}
+
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// A YAML file or a directory of *.yaml / *.yml files (dot files ignored).
+    /// A YAML file or a directory of *.yaml / *.yml files (dot files ignored). Either this or
+    /// an xDS server (--xds-server-url, or CONFIG_TYPE=GRPC_XDS_SOTW).
     #[arg(long, env = "TOLLGATE_CONFIG")]
-    config: PathBuf,
+    config: Option<PathBuf>,
+    /// Take the policies from this xDS management server instead (ADS, RateLimitConfig
+    /// resources): host:port, or a http:// or https:// URL. The client's other settings are
+    /// envoyproxy/ratelimit's variables (CONFIG_GRPC_XDS_*, XDS_CLIENT_*).
+    #[arg(long, env = "TOLLGATE_XDS_SERVER_URL")]
+    xds_server_url: Option<String>,
+    /// The algorithm of limits delivered over xDS that name none (their control plane cannot
+    /// set tollgate's extensions): default sliding_window_counter.
+    #[arg(long, env = "TOLLGATE_XDS_DEFAULT_ALGORITHM", value_enum)]
+    xds_default_algorithm: Option<AlgorithmArg>,
     /// Listen address of the RLS, health and reflection gRPC services.
     #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
@@ -130,15 +151,23 @@ fn main() -> ExitCode {
         Command::Check { config } => check(&config),
         Command::Serve(args) => {
             init_logging(args.log_format);
-            // An invalid config stops startup with exactly the message `check` prints.
-            let config = match Config::load(&args.config) {
-                Ok(config) => config,
+            let lookup = |name: &str| std::env::var(name).ok();
+            let (config, plan) = match plan(&args, lookup) {
+                Ok(Source::Files(path, plan)) => match Config::load(&path) {
+                    Ok(config) => (config, plan),
+                    // An invalid config stops startup with exactly the message `check` prints.
+                    Err(error) => {
+                        eprintln!("{error}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                Ok(Source::Xds(plan)) => (Config::empty(), plan),
                 Err(error) => {
-                    eprintln!("{error}");
+                    eprintln!("tollgate: {error}");
                     return ExitCode::FAILURE;
                 }
             };
-            match run_serve(args, config) {
+            match run_serve(args, config, plan) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("tollgate: {error:#}");
@@ -147,6 +176,75 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Where `serve` takes its policies from, and how it serves them.
+enum Source {
+    /// A config path (loaded before serving).
+    Files(PathBuf, ServePlan),
+    /// An xDS management server.
+    Xds(ServePlan),
+}
+
+/// Chooses the policy source: `--config`, else `--xds-server-url`, else the reference's
+/// `CONFIG_TYPE=GRPC_XDS_SOTW` with `CONFIG_GRPC_XDS_SERVER_URL`. The xDS client's settings and
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` are read through `lookup` (the environment).
+fn plan(args: &ServeArgs, lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<Source> {
+    let require_domain = match lookup("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
+        Some(text) if !text.is_empty() => {
+            parse_go_bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &text)?
+        }
+        _ => false,
+    };
+    let config_type = lookup("CONFIG_TYPE").filter(|t| !t.is_empty());
+    match (&args.config, &args.xds_server_url, config_type.as_deref()) {
+        (Some(_), Some(_), _) => {
+            anyhow::bail!("give either --config or --xds-server-url, not both")
+        }
+        (Some(path), None, _) => {
+            let source = PolicySource::Files {
+                path: path.clone(),
+                reload_interval: args.reload_interval,
+            };
+            return Ok(Source::Files(
+                path.clone(),
+                ServePlan {
+                    source,
+                    require_domain,
+                    drain_timeout: args.drain_timeout,
+                },
+            ));
+        }
+        (None, Some(_), _) => {}
+        (None, None, Some(kind)) if kind.eq_ignore_ascii_case("GRPC_XDS_SOTW") => {}
+        (None, None, Some(kind)) if !kind.eq_ignore_ascii_case("FILE") => anyhow::bail!(
+            "CONFIG_TYPE={kind} is not supported; tollgate reads FILE (with --config) and \
+             GRPC_XDS_SOTW"
+        ),
+        (None, None, _) => anyhow::bail!(
+            "no policies to serve: give --config PATH, or an xDS server with --xds-server-url \
+             (or CONFIG_TYPE=GRPC_XDS_SOTW and CONFIG_GRPC_XDS_SERVER_URL)"
+        ),
+    }
+    let mut options = XdsOptions::from_env(&lookup)?;
+    if let Some(url) = &args.xds_server_url {
+        options.server_url = url.clone();
+    }
+    options.validate()?;
+    let defaults = ExtensionDefaults {
+        algorithm: args.xds_default_algorithm.map(|algorithm| match algorithm {
+            AlgorithmArg::SlidingWindowCounter => Algorithm::SlidingWindowCounter,
+            AlgorithmArg::SlidingWindowLog => Algorithm::SlidingWindowLog,
+        }),
+    };
+    Ok(Source::Xds(ServePlan {
+        source: PolicySource::Xds {
+            options: Box::new(options),
+            defaults,
+        },
+        require_domain,
+        drain_timeout: args.drain_timeout,
+    }))
 }
 
 fn check(path: &Path) -> ExitCode {
@@ -178,7 +276,7 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
+fn run_serve(args: ServeArgs, config: Config, plan: ServePlan) -> anyhow::Result<()> {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
@@ -198,12 +296,7 @@ fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         };
         let limiter = Arc::new(Limiter::new(Arc::new(config), backend, settings));
         let listeners = Listeners::bind(args.grpc_addr, args.http_addr).await?;
-        let options = ServeOptions {
-            config_path: args.config.clone(),
-            reload_interval: args.reload_interval,
-            drain_timeout: args.drain_timeout,
-        };
-        server::serve(limiter, listeners, options, termination())
+        server::serve_with(limiter, listeners, plan, termination())
             .await
             .context("serving failed")
     })

@@ -1,5 +1,7 @@
-//! Whether tollgate should receive traffic: SERVING only while a config is loaded, the backend
-//! answers and the process is not draining. Shared by gRPC health and `GET /healthcheck`.
+//! Whether tollgate should receive traffic: SERVING only while policies are loaded (for a source
+//! that delivers them later, such as xDS: once the first push is in, unless told to start
+//! without), the backend answers and the process is not draining. Shared by gRPC health and
+//! `GET /healthcheck`.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -31,6 +33,27 @@ pub struct Health {
 struct State {
     backend_error: Option<String>,
     draining: bool,
+    policies: Policies,
+}
+
+/// What readiness asks of the policies in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// Not ready until the source delivered its first policies (an xDS source without
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`); requests are refused with UNAVAILABLE until then.
+    pub wait_for_first_policies: bool,
+    /// Ready only while at least one domain is loaded (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub require_domain: bool,
+}
+
+/// The policies side of readiness.
+#[derive(Debug, Clone, Default)]
+struct Policies {
+    readiness: Readiness,
+    /// Domains in the policies in force; `None` before a source that delivers later has.
+    domains: Option<usize>,
+    /// What the source is waiting for, said while not ready for lack of policies.
+    waiting_for: String,
 }
 
 impl Health {
@@ -41,6 +64,7 @@ impl Health {
             state: Mutex::new(State {
                 backend_error: Some("backend not probed yet".into()),
                 draining: false,
+                policies: Policies::default(),
             }),
         });
         health.publish().await;
@@ -52,11 +76,55 @@ impl Health {
         let state = self.lock().clone();
         if state.draining {
             Err("draining: shutting down".into())
+        } else if let Some(reason) = state.policies.not_ready() {
+            Err(reason)
         } else if let Some(error) = state.backend_error {
             Err(error)
         } else {
             Ok(())
         }
+    }
+
+    /// Sets what readiness asks of the policies, with `domains` loaded now (`None`: none yet,
+    /// the source delivers them later; `waiting_for` says from where).
+    pub async fn set_policies(
+        &self,
+        readiness: Readiness,
+        domains: Option<usize>,
+        waiting_for: String,
+    ) {
+        self.lock().policies = Policies {
+            readiness,
+            domains,
+            waiting_for,
+        };
+        self.publish().await;
+    }
+
+    /// Records that policies with `domains` domains are in force.
+    pub async fn policies_loaded(&self, domains: usize) {
+        let changed = {
+            let mut state = self.lock();
+            let before = state.policies.not_ready();
+            state.policies.domains = Some(domains);
+            before != state.policies.not_ready()
+        };
+        if changed {
+            match self.check() {
+                Ok(()) => tracing::info!("policies loaded: serving"),
+                Err(reason) => tracing::warn!(%reason, "not serving"),
+            }
+        }
+        self.publish().await;
+    }
+
+    /// Why requests cannot be decided yet: the source has not delivered its first policies and
+    /// readiness waits for them. `None` once they are in (or when nothing waits for them).
+    pub fn waiting_for_policies(&self) -> Option<String> {
+        let state = self.lock();
+        let policies = &state.policies;
+        (policies.readiness.wait_for_first_policies && policies.domains.is_none())
+            .then(|| policies.waiting_for.clone())
     }
 
     /// Marks the process as shutting down: NOT_SERVING from now on.
@@ -102,6 +170,21 @@ impl Health {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A poisoned lock only means a panic elsewhere; the state itself is always whole.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Policies {
+    /// Why the policies keep tollgate from being ready, if they do.
+    fn not_ready(&self) -> Option<String> {
+        match self.domains {
+            None if self.readiness.wait_for_first_policies => Some(self.waiting_for.clone()),
+            Some(0) | None if self.readiness.require_domain => Some(
+                "no policy domain loaded, and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks for \
+                 at least one"
+                    .into(),
+            ),
+            _ => None,
+        }
     }
 }
 

@@ -1,11 +1,13 @@
 //! The network edge: the RLS gRPC service with health and reflection, the admin HTTP interface,
-//! config reloads and graceful shutdown.
+//! the policy source that keeps the limiter's snapshot current (file reloads, or xDS pushes) and
+//! graceful shutdown.
 
 pub mod admin;
 pub mod health;
 pub mod metrics;
 pub mod reload;
 pub mod rls;
+pub mod xds;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,11 +19,12 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
+use crate::config::xds::{ExtensionDefaults, XdsOptions};
 use crate::limiter::Limiter;
 use crate::proto;
-pub use health::Health;
+pub use health::{Health, Readiness};
 pub use metrics::Metrics;
-pub use rls::App;
+pub use rls::{App, Origin};
 
 /// The sockets tollgate serves on, bound before serving starts.
 ///
@@ -66,6 +69,51 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
 }
 
+/// Where the policies come from while serving.
+#[derive(Debug, Clone)]
+pub enum PolicySource {
+    /// A config file or directory: its config is already in the limiter, and it is re-read when
+    /// it changes (polled every `reload_interval`, and on SIGHUP).
+    Files {
+        /// The config file or directory.
+        path: PathBuf,
+        /// How often it is checked for changes.
+        reload_interval: Duration,
+    },
+    /// An xDS management server pushing `RateLimitConfig` resources: each accepted push
+    /// replaces the limiter's config.
+    Xds {
+        /// The client's settings.
+        options: Box<XdsOptions>,
+        /// What limits get when the push leaves tollgate's extensions out.
+        defaults: ExtensionDefaults,
+    },
+}
+
+/// How to serve, whatever the policy source.
+#[derive(Debug, Clone)]
+pub struct ServePlan {
+    /// Where the policies come from.
+    pub source: PolicySource,
+    /// Ready only while at least one domain is loaded (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub require_domain: bool,
+    /// How long a shutdown waits for calls and streams in flight before cutting them.
+    pub drain_timeout: Duration,
+}
+
+impl From<ServeOptions> for ServePlan {
+    fn from(options: ServeOptions) -> Self {
+        ServePlan {
+            source: PolicySource::Files {
+                path: options.config_path,
+                reload_interval: options.reload_interval,
+            },
+            require_domain: false,
+            drain_timeout: options.drain_timeout,
+        }
+    }
+}
+
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -91,12 +139,28 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Serves on `listeners` until `shutdown` resolves, then drains: health turns NOT_SERVING,
-/// listeners close, calls in flight finish.
+/// Serves on `listeners` with policies from a config path until `shutdown` resolves, then
+/// drains: health turns NOT_SERVING, listeners close, calls in flight finish.
 pub async fn serve<B: Backend>(
     limiter: Arc<Limiter<B>>,
     listeners: Listeners,
     options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    serve_with(limiter, listeners, options.into(), shutdown).await
+}
+
+/// Serves on `listeners` with policies from `plan.source` until `shutdown` resolves, then
+/// drains as [`serve`] does.
+///
+/// With an xDS source the limiter starts with whatever config it holds (normally none) and is
+/// not ready, answering UNAVAILABLE, until the first push is accepted; unless
+/// `force_start_without_initial_config`, with which it is ready at once and allows every request
+/// until the first push.
+pub async fn serve_with<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    listeners: Listeners,
+    plan: ServePlan,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let Listeners {
@@ -108,10 +172,43 @@ pub async fn serve<B: Backend>(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
+    let mut metrics = Metrics::new();
+    match &plan.source {
+        PolicySource::Files { .. } => {
+            let readiness = Readiness {
+                wait_for_first_policies: false,
+                require_domain: plan.require_domain,
+            };
+            let domains = limiter.config().len();
+            health
+                .set_policies(readiness, Some(domains), String::new())
+                .await;
+        }
+        PolicySource::Xds { options, .. } => {
+            metrics = metrics.with_xds();
+            let readiness = Readiness {
+                wait_for_first_policies: !options.force_start_without_initial_config,
+                require_domain: plan.require_domain,
+            };
+            let waiting_for = format!(
+                "no policies yet: waiting for the first push from the xDS server {} (node {})",
+                options.server_url, options.node_id
+            );
+            if options.force_start_without_initial_config {
+                tracing::warn!(
+                    server = %options.server_url,
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG: serving before the first xDS push; \
+                     every request is allowed until the policies arrive"
+                );
+            }
+            health.set_policies(readiness, None, waiting_for).await;
+        }
+    }
     let app = Arc::new(App {
         limiter: Arc::clone(&limiter),
         health: Arc::clone(&health),
-        metrics: Metrics::new(),
+        metrics,
+        origin: Origin::default(),
     });
 
     let reflection = || {
@@ -126,11 +223,20 @@ pub async fn serve<B: Backend>(
         Arc::clone(&health),
         Arc::clone(&limiter),
     ));
-    let reloader = tokio::spawn(reload::watch(
-        Arc::clone(&limiter),
-        options.config_path.clone(),
-        options.reload_interval,
-    ));
+    let source = match plan.source {
+        PolicySource::Files {
+            path,
+            reload_interval,
+        } => tokio::spawn(reload::watch(
+            Arc::clone(&limiter),
+            Arc::clone(&health),
+            path,
+            reload_interval,
+        )),
+        PolicySource::Xds { options, defaults } => {
+            tokio::spawn(xds::run(Arc::clone(&app), *options, defaults))
+        }
+    };
 
     // One shutdown signal fans out to both servers after health has turned NOT_SERVING.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -171,7 +277,7 @@ pub async fn serve<B: Backend>(
     // drain deadline whatever is still open is cut.
     let drain_deadline = async {
         stopped(stop_rx_deadline).await;
-        tokio::time::sleep(options.drain_timeout).await;
+        tokio::time::sleep(plan.drain_timeout).await;
     };
     let servers = async { tokio::join!(grpc, async { http.await }) };
     let outcome = tokio::select! {
@@ -179,7 +285,7 @@ pub async fn serve<B: Backend>(
         () = drain_deadline => None,
     };
     probe.abort();
-    reloader.abort();
+    source.abort();
     match outcome {
         Some((grpc_result, http_result)) => {
             grpc_result?;
@@ -187,7 +293,7 @@ pub async fn serve<B: Backend>(
             tracing::info!("stopped");
         }
         None => tracing::warn!(
-            timeout = ?options.drain_timeout,
+            timeout = ?plan.drain_timeout,
             "drain deadline passed; closing the streams still open"
         ),
     }

@@ -7,12 +7,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Health;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::limiter::Limiter;
 
-/// Watches `path` forever, swapping a freshly loaded config into `limiter` when the files change.
-pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, path: PathBuf, interval: Duration) {
+/// Watches `path` forever, swapping a freshly loaded config into `limiter` when the files change
+/// (and telling `health` how many domains it has).
+pub async fn watch<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    health: Arc<Health>,
+    path: PathBuf,
+    interval: Duration,
+) {
     let mut last_seen = fingerprint(&path);
     let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -27,7 +34,9 @@ pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, path: PathBuf, interval
             continue;
         }
         last_seen = current;
-        reload(&limiter, &path);
+        if reload(&limiter, &path) {
+            health.policies_loaded(limiter.config().len()).await;
+        }
     }
 }
 
