@@ -61,6 +61,8 @@ descriptors:
 pub struct TollgateBuilder {
     policies: Vec<(String, String)>,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
+    no_config: bool,
 }
 
 impl TollgateBuilder {
@@ -77,6 +79,19 @@ impl TollgateBuilder {
         S: Into<String>,
     {
         self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets an environment variable of the process, e.g. the reference's
+    /// `CONFIG_GRPC_XDS_SERVER_URL`.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.envs.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Passes no `--config`: the policies come from elsewhere (an xDS server).
+    pub fn without_config(mut self) -> Self {
+        self.no_config = true;
         self
     }
 
@@ -106,6 +121,8 @@ impl TollgateBuilder {
             log_path: dir.path().join("tollgate.log"),
             config_dir,
             args: self.args,
+            envs: self.envs,
+            no_config: self.no_config,
             _dir: Some(dir),
         };
         tollgate.spawn();
@@ -153,6 +170,8 @@ pub struct Tollgate {
     log_path: PathBuf,
     config_dir: PathBuf,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
+    no_config: bool,
     /// Keeps the config directory and logs alive as long as the process.
     _dir: Option<TempDir>,
 }
@@ -243,13 +262,15 @@ impl Tollgate {
         // Port 0: tollgate binds free ports itself and logs them, so nothing can take them
         // between choosing and binding. The caller's own --grpc-addr/--http-addr win.
         let mut command = Command::new(tollgate_bin());
+        command.arg("serve");
+        if !self.no_config {
+            command.arg("--config").arg(&self.config_dir);
+        }
         command
-            .arg("serve")
-            .arg("--config")
-            .arg(&self.config_dir)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(&self.args)
             .env("RUST_LOG", "info")
+            .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr);
