@@ -58,7 +58,8 @@ fn descriptor(key: &str, value: &str, rate_limit: Option<RateLimitPolicy>) -> Ra
     }
 }
 
-/// Domain `edge`: each `user` value gets `requests` hits a minute.
+/// Domain `edge`: each `user` value gets `requests` hits an hour (a window far longer than any
+/// test, so no window boundary can give back hits in the middle of one).
 fn per_user(requests: u32) -> RateLimitConfig {
     config(
         "edge",
@@ -66,7 +67,7 @@ fn per_user(requests: u32) -> RateLimitConfig {
         vec![descriptor(
             "user",
             "",
-            policy(RateLimitUnit::Minute, requests),
+            policy(RateLimitUnit::Hour, requests),
         )],
     )
 }
@@ -326,7 +327,7 @@ fn the_first_push_is_applied_and_acknowledged() {
             "edge.user",
             "sliding_window_counter",
             "2",
-            "minute",
+            "hour",
             "-"
         ]]
     );
@@ -475,7 +476,7 @@ fn a_domain_missing_from_a_push_is_removed_and_counters_survive() {
     let internal = config(
         "internal",
         "internal",
-        vec![descriptor("service", "", policy(RateLimitUnit::Minute, 10))],
+        vec![descriptor("service", "", policy(RateLimitUnit::Hour, 10))],
     );
     server.push("1", &[per_user(3), internal]);
     let tollgate = tollgate(&server).start();
@@ -834,12 +835,19 @@ fn envoy_gateways_environment_takes_its_policies_over_mutual_tls() {
     let server = management_server();
     let certs = TestPki::shared().client.dir();
     let cert = |name: &str| certs.join(name).to_string_lossy().into_owned();
-    // A route's rule with a header match, in shadow mode: every node of its chain is shadowed.
+    // As Envoy Gateway shapes them: the route as key and value, under it one chain per rule; rule
+    // 0 limits each value of a header (no value: Distinct), rule 1 matches a header value and is
+    // in shadow mode, which Envoy Gateway sets on every node of the rule's chain.
     let route = "httproute/default/backend/rule/0/match/0/www_example_com";
-    let mut chain = descriptor("rule-0-match-0", "", policy(RateLimitUnit::Minute, 2));
-    chain.shadow_mode = false;
+    let distinct = descriptor("rule-0-match-0", "", policy(RateLimitUnit::Hour, 2));
+    let mut shadowed = descriptor(
+        "rule-1-match-0",
+        "rule-1-match-0",
+        policy(RateLimitUnit::Hour, 1),
+    );
+    shadowed.shadow_mode = true;
     let mut top = descriptor(route, route, None);
-    top.descriptors = vec![chain];
+    top.descriptors = vec![distinct, shadowed];
     let domain = "envoy-gateway-system/eg/http";
     server.push("1", &[config(domain, domain, vec![top])]);
 
@@ -860,16 +868,18 @@ fn envoy_gateways_environment_takes_its_policies_over_mutual_tls() {
         .env("LOG_LEVEL", "info")
         .env("USE_STATSD", "false")
         .start();
+    // Accepted pushes are in force before they are ACKed.
     server.wait_for_ack("1");
     let rls = Rls::new(&tollgate);
     let entries = [(route, route), ("rule-0-match-0", "alice")];
-    wait_until(&tollgate, "the policies in force", || {
-        rls.status(domain, &[("rule-0-match-0", "x")]).0 == Code::Ok
-            && get(&tollgate, "/rlconfig").body.contains("version=\"1\"")
-    });
     assert_eq!(rls.status(domain, &entries), (Code::Ok, 1, Some(2)));
     assert_eq!(rls.status(domain, &entries), (Code::Ok, 0, Some(2)));
     assert_eq!(rls.status(domain, &entries), (Code::OverLimit, 0, Some(2)));
+    let shadow = [(route, route), ("rule-1-match-0", "rule-1-match-0")];
+    assert_eq!(rls.status(domain, &shadow), (Code::Ok, 0, Some(1)));
+    let over_but_shadowed = rls.ask(domain, &shadow);
+    assert_eq!(over_but_shadowed.overall_code, Code::Ok as i32);
+    assert_eq!(over_but_shadowed.statuses[0].code, Code::Ok as i32);
     let first = &server.received()[0];
     assert_eq!(
         first.request.node.as_ref().map(|n| n.id.as_str()),

@@ -91,6 +91,9 @@ struct Shared {
     snapshot: watch::Sender<Option<Snapshot>>,
     /// Bumped to end every open stream with an error.
     kill: watch::Sender<u64>,
+    /// True while the server is stopped or stopping: a stream that still gets through (a
+    /// connection accepted just before) ends at once.
+    closing: watch::Sender<bool>,
     received: Mutex<Vec<Received>>,
     handshake_failures: Mutex<Vec<String>>,
     streams: AtomicU64,
@@ -166,6 +169,7 @@ impl ManagementServerBuilder {
             node_id: self.node_id,
             snapshot: watch::channel(None).0,
             kill: watch::channel(0).0,
+            closing: watch::channel(false).0,
             received: Mutex::new(Vec::new()),
             handshake_failures: Mutex::new(Vec::new()),
             streams: AtomicU64::new(0),
@@ -297,6 +301,7 @@ impl ManagementServer {
         let Some(running) = self.running.take() else {
             return;
         };
+        self.shared.closing.send_replace(true);
         self.drop_streams();
         let _ = running.stop.send(());
         if let Some(acceptor) = running.acceptor {
@@ -312,6 +317,7 @@ impl ManagementServer {
     /// Starts a stopped server again on the same address, with the snapshot it had.
     pub fn restart(&mut self) {
         assert!(self.running.is_none(), "the server is running");
+        self.shared.closing.send_replace(false);
         let deadline = Instant::now() + WAIT;
         let listener = loop {
             match self.runtime.block_on(TcpListener::bind(self.addr)) {
@@ -538,6 +544,7 @@ impl Session {
     async fn run(mut self, mut requests: Streaming<DiscoveryRequest>) {
         let mut snapshots = self.shared.snapshot.subscribe();
         let mut kill = self.shared.kill.subscribe();
+        let mut closing = self.shared.closing.subscribe();
         let mut node_matches = false;
         loop {
             tokio::select! {
@@ -578,6 +585,13 @@ impl Session {
                     let _ = self
                         .responses
                         .send(Err(Status::unavailable("the management server dropped the stream")))
+                        .await;
+                    return;
+                }
+                () = async { drop(closing.wait_for(|closing| *closing).await) } => {
+                    let _ = self
+                        .responses
+                        .send(Err(Status::unavailable("the management server is stopping")))
                         .await;
                     return;
                 }
