@@ -231,6 +231,7 @@ fn plan(args: &ServeArgs, lookup: impl Fn(&str) -> Option<String>) -> anyhow::Re
         options.server_url = url.clone();
     }
     options.validate()?;
+    options.check_files()?;
     let defaults = ExtensionDefaults {
         algorithm: args.xds_default_algorithm.map(|algorithm| match algorithm {
             AlgorithmArg::SlidingWindowCounter => Algorithm::SlidingWindowCounter,

@@ -22,7 +22,7 @@ use tollgate::proto::{
 use tollgate_testkit::certs::TestPki;
 use tollgate_testkit::envoy::{Action, Envoy};
 use tollgate_testkit::net::{Reply, agent, send};
-use tollgate_testkit::tollgate::{Tollgate, TollgateBuilder, health_status};
+use tollgate_testkit::tollgate::{Tollgate, TollgateBuilder, health_status, tollgate_bin};
 use tollgate_testkit::xds::{ManagementServer, WAIT};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -917,4 +917,53 @@ fn envoy_enforces_policies_delivered_over_xds() {
     // alice's two hits survived the update: one more fits under the new limit of three.
     assert_eq!(status("alice"), 200);
     assert_eq!(status("alice"), 429);
+}
+
+/// Settings that cannot work stop the start, naming the variable, and never print a header
+/// value.
+#[test]
+fn malformed_settings_stop_the_start() {
+    let start = |env: &[(&str, &str)]| {
+        let output = std::process::Command::new(tollgate_bin())
+            .args([
+                "serve",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+            ])
+            .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+            .env("CONFIG_GRPC_XDS_SERVER_URL", "127.0.0.1:9")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run tollgate");
+        assert!(!output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    assert_eq!(
+        start(&[
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt"),
+        ]),
+        "tollgate: CONFIG_GRPC_XDS_SERVER_TLS_CACERT: cannot read /nonexistent/ca.crt: No such \
+         file or directory (os error 2)\n"
+    );
+    assert_eq!(
+        start(&[("XDS_CLIENT_BACKOFF_JITTER", "maybe")]),
+        "tollgate: XDS_CLIENT_BACKOFF_JITTER: `maybe` is not a boolean; write true or false\n"
+    );
+    let stderr = start(&[(
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "authorization:Bearer a:b",
+    )]);
+    assert!(
+        stderr.contains("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: item 1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Bearer"), "{stderr}");
+    assert_eq!(
+        start(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")]),
+        "tollgate: CONFIG_TYPE=GRPC_XDS_DELTA is not supported; tollgate reads FILE (with \
+         --config) and GRPC_XDS_SOTW\n"
+    );
 }

@@ -366,7 +366,9 @@ fn tls_config(options: &XdsOptions) -> Result<ClientTlsConfig, String> {
     let mut tls = ClientTlsConfig::new();
     // As the reference: the given CA is trusted in addition to the system's roots (an image
     // without any, such as a distroless one, trusts the given CA alone).
-    let system_roots = !rustls_native_certs::load_native_certs().certs.is_empty();
+    static SYSTEM_ROOTS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let system_roots =
+        *SYSTEM_ROOTS.get_or_init(|| !rustls_native_certs::load_native_certs().certs.is_empty());
     if system_roots {
         tls = tls.with_native_roots();
     }

@@ -290,6 +290,29 @@ impl XdsOptions {
         Ok(())
     }
 
+    /// Checks that the TLS files given can be read and hold PEM, so that a wrong path stops the
+    /// start instead of failing every connection. (They are read again at every connection, so
+    /// a rotated certificate is picked up.)
+    pub fn check_files(&self) -> Result<(), XdsOptionsError> {
+        let files = [
+            (vars::CLIENT_CERT, &self.client_cert),
+            (vars::CLIENT_KEY, &self.client_key),
+            (vars::SERVER_CA, &self.server_ca),
+        ];
+        for (name, path) in files {
+            let Some(path) = path else { continue };
+            let contents = std::fs::read(path)
+                .map_err(|e| invalid(name, format!("cannot read {}: {e}", path.display())))?;
+            if !contents.windows(11).any(|w| w == b"-----BEGIN ") {
+                return Err(invalid(
+                    name,
+                    format!("{} holds no PEM block", path.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the connection uses TLS: `CONFIG_GRPC_XDS_SERVER_USE_TLS` or a `https://` URL.
     pub fn tls(&self) -> bool {
         self.use_tls || self.server_url.starts_with("https://")
