@@ -205,3 +205,41 @@ pub async fn probe_backend<B: Backend>(health: Arc<Health>, limiter: Arc<Limiter
         health.set_backend_error(error).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policies(wait: bool, require: bool, domains: Option<usize>) -> Policies {
+        Policies {
+            readiness: Readiness {
+                wait_for_first_policies: wait,
+                require_domain: require,
+            },
+            domains,
+            waiting_for: "waiting for xDS".into(),
+        }
+    }
+
+    #[test]
+    fn readiness_follows_the_policies_as_the_reference_does() {
+        let domain_needed = Some(
+            "no policy domain loaded, and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks for at \
+             least one"
+                .to_string(),
+        );
+        // Files: loaded before serving.
+        assert_eq!(policies(false, false, Some(0)).not_ready(), None);
+        assert_eq!(policies(false, true, Some(0)).not_ready(), domain_needed);
+        assert_eq!(policies(false, true, Some(2)).not_ready(), None);
+        // xDS without FORCE_START_WITHOUT_INITIAL_CONFIG: not ready until the first push.
+        assert_eq!(
+            policies(true, false, None).not_ready(),
+            Some("waiting for xDS".into())
+        );
+        assert_eq!(policies(true, false, Some(0)).not_ready(), None);
+        // xDS with it: ready at once, unless a domain is required.
+        assert_eq!(policies(false, false, None).not_ready(), None);
+        assert_eq!(policies(false, true, None).not_ready(), domain_needed);
+    }
+}
