@@ -1,18 +1,38 @@
-//! Compiles the vendored Envoy RLS v3 protos with protox (a pure-Rust protobuf compiler), so that
-//! building tollgate needs no `protoc` on the machine. The file descriptor set is also written out
-//! for gRPC server reflection.
+//! Compiles the vendored protos with protox (a pure-Rust protobuf compiler), so that building
+//! tollgate needs no `protoc` on the machine: Envoy's RLS v3 (the service tollgate serves) and
+//! the xDS messages its policy client speaks (ADS, RateLimitConfig).
+//!
+//! The descriptor set written out for gRPC server reflection holds only the RLS file and what it
+//! imports: reflection lists every service of the files it is given, and tollgate does not serve
+//! the ADS service (it is its client).
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
+use prost::Message;
+use prost_types::FileDescriptorSet;
+
+/// The file of the service tollgate serves.
+const RLS: &str = "envoy/service/ratelimit/v3/rls.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/envoy/service/ratelimit/v3/rls.proto"];
+    let protos = [
+        RLS,
+        "envoy/service/discovery/v3/ads.proto",
+        "ratelimit/config/ratelimit/v3/rls_conf.proto",
+    ];
     println!("cargo:rerun-if-changed=proto");
 
     let descriptors = protox::compile(protos, ["proto"])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out_dir.join("rls_descriptor.bin"),
-        prost::Message::encode_to_vec(&descriptors),
+        only_with_imports(&descriptors, RLS).encode_to_vec(),
+    )?;
+    // Every file, for the tests that pin the vendored messages to the upstream field numbers.
+    std::fs::write(
+        out_dir.join("all_descriptor.bin"),
+        descriptors.encode_to_vec(),
     )?;
 
     tonic_prost_build::configure()
@@ -20,4 +40,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .compile_fds(descriptors)?;
     Ok(())
+}
+
+/// The files of `set` that `root` needs: itself and everything it imports, transitively.
+fn only_with_imports(set: &FileDescriptorSet, root: &str) -> FileDescriptorSet {
+    let by_name: HashMap<&str, _> = set.file.iter().map(|f| (f.name(), f)).collect();
+    let mut needed = BTreeSet::new();
+    let mut pending = vec![root];
+    while let Some(name) = pending.pop() {
+        if needed.insert(name)
+            && let Some(file) = by_name.get(name)
+        {
+            pending.extend(file.dependency.iter().map(String::as_str));
+        }
+    }
+    FileDescriptorSet {
+        file: set
+            .file
+            .iter()
+            .filter(|f| needed.contains(f.name()))
+            .cloned()
+            .collect(),
+    }
 }

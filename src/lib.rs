@@ -51,6 +51,12 @@
 //! logged and the last good one stays. Loading goes source → schema tree → rules → snapshot (`src/config/file.rs`,
 //! `schema.rs`, `rules.rs`); requests in flight keep the snapshot they started with.
 //!
+//! With an xDS source (`--xds-server-url`, or `CONFIG_TYPE=GRPC_XDS_SOTW`) the limiter starts
+//! empty and [`server::xds::run`] runs the ADS client ([`config::xds::XdsClient`]): each push of
+//! `RateLimitConfig` resources is converted into the same schema tree (`src/config/xds/convert.rs`)
+//! and built by the same rules into a snapshot, installed with [`Limiter::set_config`] and then
+//! ACKed; a push that does not load is NACKed and the snapshot in force stays.
+//!
 //! [`RlsService::should_rate_limit`]: server::rls::RlsService
 //! [`App::decide`]: server::App::decide
 //! [`rls::decide`]: server::rls::decide

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use tollgate::backend::redis::{ClusterBackend, RedisBackend, connect};
 use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, MemoryBackend, PerSecond};
-use tollgate::config::{Config, FileSource};
+use tollgate::config::Config;
 use tollgate::limiter::Limiter;
 use tollgate::server::{self, Listeners, Policies, ServeOptions, ServerTls, reload};
 use tollgate::settings::{self, Entry, Flags, LogFormat, PolicySettings, Settings, Store};
@@ -86,31 +86,43 @@ fn serve(entry: Entry, flags: &Flags) -> ExitCode {
     for notice in &settings.notices {
         tracing::warn!("{notice}");
     }
-    let source = match &settings.policies {
-        PolicySettings::Files(source) => source.clone(),
-        // The xDS config source plugs in here: it yields the first snapshot (or, with
-        // FORCE_START_WITHOUT_INITIAL_CONFIG, an empty one) and a `Policies` feed for `serve`.
-        PolicySettings::XdsSotw(_) => {
-            eprintln!(
-                "{program}: CONFIG_TYPE=GRPC_XDS_SOTW: the xDS config source is not available in \
-                 this build; use CONFIG_TYPE=FILE with RUNTIME_ROOT / RUNTIME_SUBDIRECTORY / \
-                 RUNTIME_APPDIRECTORY (or --config PATH)"
-            );
-            return ExitCode::FAILURE;
+    let (policies, config) = match &settings.policies {
+        PolicySettings::Files(source) => {
+            // An invalid config stops startup with exactly the message `check` prints.
+            let config = match source.load() {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("{error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            if let Some(why) = source.reads_nothing() {
+                tracing::warn!("{why}; every request is allowed");
+            }
+            for warning in config.warnings() {
+                tracing::warn!("{warning}");
+            }
+            reload::log_skipped(&config);
+            tracing::info!(source = %source.describe(), domains = config.len(), "policies loaded");
+            (Policies::Files(source.clone()), config)
+        }
+        // The policies arrive with the first push; until then there are none (and, unless
+        // FORCE_START_WITHOUT_INITIAL_CONFIG, the service is not ready).
+        PolicySettings::XdsSotw { options, defaults } => {
+            if let Err(error) = options.check_files() {
+                eprintln!("{program}: {error}");
+                return ExitCode::FAILURE;
+            }
+            (
+                Policies::Xds {
+                    options: options.clone(),
+                    defaults: *defaults,
+                },
+                Config::empty(),
+            )
         }
     };
-    // An invalid config stops startup with exactly the message `check` prints.
-    let config = match source.load() {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Some(why) = source.reads_nothing() {
-        tracing::warn!("{why}; every request is allowed");
-    }
-    match run_serve(settings, source, config) {
+    match run_serve(settings, policies, config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("{program}: {error:#}");
@@ -152,12 +164,7 @@ fn init_logging(settings: &Settings) {
     }
 }
 
-fn run_serve(settings: Settings, source: FileSource, config: Config) -> anyhow::Result<()> {
-    for warning in config.warnings() {
-        tracing::warn!("{warning}");
-    }
-    reload::log_skipped(&config);
-    tracing::info!(source = %source.describe(), domains = config.len(), "policies loaded");
+fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::Result<()> {
     let tls = match &settings.grpc.tls {
         Some(files) => Some(ServerTls::load(files.clone()).context("gRPC TLS")?),
         None => None,
@@ -174,7 +181,7 @@ fn run_serve(settings: Settings, source: FileSource, config: Config) -> anyhow::
         }
         let listeners = Listeners::bind_all(&settings.listen).await?;
         let options = ServeOptions {
-            policies: Policies::Files(source),
+            policies,
             reload_interval: settings.reload_interval,
             drain_timeout: settings.drain_timeout,
             tls,

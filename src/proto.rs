@@ -1,4 +1,5 @@
-//! The Envoy RLS v3 protobuf types and gRPC stubs, generated at build time from `proto/`.
+//! The protobuf types and gRPC stubs, generated at build time from `proto/`: Envoy's RLS v3 (the
+//! service tollgate serves) and the xDS messages of its policy client (ADS, `RateLimitConfig`).
 //! The module tree mirrors the protobuf packages because the generated code refers to its
 //! neighbours by relative paths.
 
@@ -10,6 +11,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
             }
         }
     }
@@ -36,6 +42,47 @@ pub mod envoy {
     }
 }
 
+/// xDS discovery (`envoy.service.discovery.v3`): the ADS service and its messages.
+pub mod discovery {
+    pub use super::envoy::service::discovery::v3::*;
+}
+
+/// envoyproxy/ratelimit's policy resource, `ratelimit.config.ratelimit.v3.RateLimitConfig`.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
+        }
+    }
+}
+
+/// tollgate's own messages: the extension of a limit delivered over xDS.
+pub mod tollgate {
+    pub mod config {
+        pub mod v1 {
+            tonic::include_proto!("tollgate.config.v1");
+        }
+    }
+}
+
+/// `google.rpc.Status`, the reason of an xDS NACK.
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// cncf/xds core types a node may carry.
+pub mod xds {
+    pub mod core {
+        pub mod v3 {
+            tonic::include_proto!("xds.core.v3");
+        }
+    }
+}
+
 pub use envoy::config::core::v3::HeaderValue;
 pub use envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor};
 pub use envoy::service::ratelimit::v3::*;
@@ -47,6 +94,10 @@ pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService"
 /// The encoded `FileDescriptorSet` of every proto above, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/rls_descriptor.bin"));
+
+/// Every vendored file's descriptors (RLS and xDS), for the tests that pin field numbers.
+#[cfg(test)]
+const ALL_DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/all_descriptor.bin"));
 
 #[cfg(test)]
 mod tests {
@@ -277,5 +328,194 @@ mod tests {
             .get_service_by_name(super::RLS_SERVICE_NAME)
             .expect("the RLS service");
         assert!(service.methods().any(|m| m.name() == "ShouldRateLimit"));
+    }
+
+    /// The xDS wire contract: data-plane-api's discovery messages and node, googleapis' status,
+    /// and envoyproxy/ratelimit's RateLimitConfig, field by field.
+    const XDS_FIELDS: &[(&str, &str, u32)] = &[
+        (
+            "envoy.service.discovery.v3.DiscoveryRequest",
+            "version_info",
+            1,
+        ),
+        ("envoy.service.discovery.v3.DiscoveryRequest", "node", 2),
+        (
+            "envoy.service.discovery.v3.DiscoveryRequest",
+            "resource_names",
+            3,
+        ),
+        ("envoy.service.discovery.v3.DiscoveryRequest", "type_url", 4),
+        (
+            "envoy.service.discovery.v3.DiscoveryRequest",
+            "response_nonce",
+            5,
+        ),
+        (
+            "envoy.service.discovery.v3.DiscoveryRequest",
+            "error_detail",
+            6,
+        ),
+        (
+            "envoy.service.discovery.v3.DiscoveryResponse",
+            "version_info",
+            1,
+        ),
+        (
+            "envoy.service.discovery.v3.DiscoveryResponse",
+            "resources",
+            2,
+        ),
+        ("envoy.service.discovery.v3.DiscoveryResponse", "canary", 3),
+        (
+            "envoy.service.discovery.v3.DiscoveryResponse",
+            "type_url",
+            4,
+        ),
+        ("envoy.service.discovery.v3.DiscoveryResponse", "nonce", 5),
+        (
+            "envoy.service.discovery.v3.DiscoveryResponse",
+            "control_plane",
+            6,
+        ),
+        ("envoy.config.core.v3.Node", "id", 1),
+        ("envoy.config.core.v3.Node", "cluster", 2),
+        ("envoy.config.core.v3.Node", "metadata", 3),
+        ("envoy.config.core.v3.Node", "locality", 4),
+        ("envoy.config.core.v3.Node", "user_agent_name", 6),
+        ("envoy.config.core.v3.Node", "user_agent_version", 7),
+        ("envoy.config.core.v3.Node", "user_agent_build_version", 8),
+        ("envoy.config.core.v3.Node", "extensions", 9),
+        ("envoy.config.core.v3.Node", "client_features", 10),
+        ("envoy.config.core.v3.Node", "dynamic_parameters", 12),
+        ("google.rpc.Status", "code", 1),
+        ("google.rpc.Status", "message", 2),
+        ("google.rpc.Status", "details", 3),
+        ("ratelimit.config.ratelimit.v3.RateLimitConfig", "name", 1),
+        ("ratelimit.config.ratelimit.v3.RateLimitConfig", "domain", 2),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitConfig",
+            "descriptors",
+            3,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "key",
+            1,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "value",
+            2,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "rate_limit",
+            3,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "descriptors",
+            4,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "shadow_mode",
+            5,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "detailed_metric",
+            6,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "quota_mode",
+            7,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitDescriptor",
+            "metadata",
+            8,
+        ),
+        ("ratelimit.config.ratelimit.v3.RateLimitPolicy", "unit", 1),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitPolicy",
+            "requests_per_unit",
+            2,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitPolicy",
+            "unlimited",
+            3,
+        ),
+        ("ratelimit.config.ratelimit.v3.RateLimitPolicy", "name", 4),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitPolicy",
+            "replaces",
+            5,
+        ),
+        (
+            "ratelimit.config.ratelimit.v3.RateLimitPolicy",
+            "tollgate",
+            1000,
+        ),
+        ("ratelimit.config.ratelimit.v3.RateLimitReplace", "name", 1),
+        ("tollgate.config.v1.LimitExtension", "algorithm", 1),
+        ("tollgate.config.v1.LimitExtension", "window", 2),
+        ("tollgate.config.v1.LimitExtension", "shards", 3),
+        ("tollgate.config.v1.LimitExtension", "failure_mode", 4),
+    ];
+
+    #[test]
+    fn vendored_xds_protos_match_the_upstream_field_numbers() {
+        let pool = DescriptorPool::decode(super::ALL_DESCRIPTORS).expect("descriptor set");
+        for (message, field, number) in XDS_FIELDS {
+            let descriptor = pool
+                .get_message_by_name(message)
+                .unwrap_or_else(|| panic!("{message} is missing"));
+            let found = descriptor
+                .get_field_by_name(field)
+                .unwrap_or_else(|| panic!("{message}.{field} is missing"));
+            assert_eq!(found.number(), *number, "{message}.{field}");
+        }
+        let units = pool
+            .get_enum_by_name("ratelimit.config.ratelimit.v3.RateLimitUnit")
+            .expect("RateLimitUnit");
+        let mut numbers: Vec<(String, i32)> = units
+            .values()
+            .map(|v| (v.name().to_string(), v.number()))
+            .collect();
+        numbers.sort_by_key(|(_, number)| *number);
+        let expected = [
+            ("UNKNOWN", 0),
+            ("SECOND", 1),
+            ("MINUTE", 2),
+            ("HOUR", 3),
+            ("DAY", 4),
+            ("MONTH", 5),
+            ("YEAR", 6),
+            ("WEEK", 7),
+        ];
+        assert_eq!(
+            numbers,
+            expected
+                .iter()
+                .map(|(n, v)| (n.to_string(), *v))
+                .collect::<Vec<_>>()
+        );
+        let ads = pool
+            .get_service_by_name("envoy.service.discovery.v3.AggregatedDiscoveryService")
+            .expect("the ADS service");
+        assert!(
+            ads.methods()
+                .any(|m| m.name() == "StreamAggregatedResources")
+        );
+        // Reflection lists only what tollgate serves: the ADS service is not in its set.
+        let served = DescriptorPool::decode(super::FILE_DESCRIPTOR_SET).expect("descriptor set");
+        assert!(
+            served
+                .get_service_by_name("envoy.service.discovery.v3.AggregatedDiscoveryService")
+                .is_none()
+        );
     }
 }

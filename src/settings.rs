@@ -24,9 +24,11 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::backend::redis::connect::{self, Auth, Kind, SocketType, Target, TlsFiles};
+use crate::config::xds::{ExtensionDefaults, XdsOptions};
 use crate::config::{FailureMode, FileSource, RuntimeLayout};
 use crate::limiter::{self, LimitHeaders};
 use crate::server::{GrpcAddr, ListenAddrs};
+use crate::window::Algorithm;
 
 /// Which program the user started, and so which defaults apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +37,17 @@ pub enum Entry {
     Tollgate,
     /// `ratelimit` (the reference's binary name): the reference's defaults.
     Reference,
+}
+
+/// A sliding-window algorithm, spelled as in a policy file (`--xds-default-algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgorithmArg {
+    /// Two fixed-window counts weighted by overlap.
+    #[value(name = "sliding_window_counter")]
+    SlidingWindowCounter,
+    /// One entry per admitted hit, exact.
+    #[value(name = "sliding_window_log")]
+    SlidingWindowLog,
 }
 
 /// Where counters live (`--backend`).
@@ -105,6 +118,16 @@ pub struct Flags {
     /// when RUNTIME_* variables are set (or under the `ratelimit` entry point).
     #[arg(long, env = "TOLLGATE_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Take the policies from this xDS management server instead (ADS, RateLimitConfig
+    /// resources): host:port, or a http:// or https:// URL. The client's other settings are the
+    /// reference's variables (CONFIG_GRPC_XDS_*, XDS_CLIENT_*) [also CONFIG_TYPE=GRPC_XDS_SOTW
+    /// with CONFIG_GRPC_XDS_SERVER_URL].
+    #[arg(long, env = "TOLLGATE_XDS_SERVER_URL")]
+    pub xds_server_url: Option<String>,
+    /// The algorithm of limits delivered over xDS that name none, for control planes that
+    /// cannot set tollgate's extension [default: sliding_window_counter].
+    #[arg(long, env = "TOLLGATE_XDS_DEFAULT_ALGORITHM", value_enum)]
+    pub xds_default_algorithm: Option<AlgorithmArg>,
     /// Listen address of the RLS, health and reflection gRPC services [default: 0.0.0.0:8081;
     /// also GRPC_HOST, GRPC_PORT].
     #[arg(long, env = "TOLLGATE_GRPC_ADDR")]
@@ -221,19 +244,18 @@ pub enum SettingsError {
 }
 
 /// Where policies come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum PolicySettings {
     /// Files: a path, or the reference's runtime layout.
     Files(FileSource),
-    /// An xDS server (`CONFIG_TYPE=GRPC_XDS_SOTW`).
-    XdsSotw(XdsSettings),
+    /// An xDS server (`--xds-server-url`, or `CONFIG_TYPE=GRPC_XDS_SOTW`).
+    XdsSotw {
+        /// The client's settings, from `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*`.
+        options: Box<XdsOptions>,
+        /// What limits get when a push leaves tollgate's extensions out.
+        defaults: ExtensionDefaults,
+    },
 }
-
-/// The xDS config source's settings. The source itself (and the parsing of its
-/// `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*` variables) is not in this build; `main` refuses to start
-/// with it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct XdsSettings {}
 
 /// Logging.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -672,13 +694,22 @@ fn grpc_tls(
 }
 
 fn policies(entry: Entry, flags: &Flags, env: &Env<'_>) -> Result<PolicySettings, SettingsError> {
-    match env.string("CONFIG_TYPE").as_deref() {
-        None | Some("FILE") => {}
-        Some("GRPC_XDS_SOTW") => return Ok(PolicySettings::XdsSotw(XdsSettings::default())),
+    let xds_wanted = match env.string("CONFIG_TYPE").as_deref() {
+        None | Some("FILE") => false,
+        Some("GRPC_XDS_SOTW") => true,
         Some(_) => return Err(env.malformed("CONFIG_TYPE", "FILE or GRPC_XDS_SOTW")),
-    }
-    if let Some(path) = &flags.config {
-        return Ok(PolicySettings::Files(FileSource::Path(path.clone())));
+    };
+    // A flag wins over the environment: --config reads files whatever CONFIG_TYPE says.
+    match (&flags.config, &flags.xds_server_url) {
+        (Some(_), Some(_)) => {
+            return Err(SettingsError::Invalid(
+                "give either --config or --xds-server-url, not both".into(),
+            ));
+        }
+        (Some(path), None) => return Ok(PolicySettings::Files(FileSource::Path(path.clone()))),
+        (None, Some(url)) => return xds_policies(flags, env, Some(url)),
+        (None, None) if xds_wanted => return xds_policies(flags, env, None),
+        (None, None) => {}
     }
     const RUNTIME: [&str; 5] = [
         "RUNTIME_ROOT",
@@ -706,6 +737,36 @@ fn policies(entry: Entry, flags: &Flags, env: &Env<'_>) -> Result<PolicySettings
         watch_root: env.boolean("RUNTIME_WATCH_ROOT")?.unwrap_or(true),
         ignore_dot_files: env.boolean("RUNTIME_IGNOREDOTFILES")?.unwrap_or(false),
     })))
+}
+
+/// The xDS source: its client settings from the reference's variables, the server from
+/// `--xds-server-url` when given; files it names must be readable now.
+fn xds_policies(
+    flags: &Flags,
+    env: &Env<'_>,
+    server_url: Option<&String>,
+) -> Result<PolicySettings, SettingsError> {
+    let invalid =
+        |error: crate::config::xds::XdsOptionsError| SettingsError::Invalid(error.to_string());
+    let mut options = XdsOptions::from_env(|name| env.string(name)).map_err(invalid)?;
+    if let Some(url) = server_url {
+        options.server_url = url.clone();
+    }
+    // Whether its TLS files can be read is checked at start-up, not here, where settings are
+    // only resolved.
+    options.validate().map_err(invalid)?;
+    let defaults = ExtensionDefaults {
+        algorithm: flags
+            .xds_default_algorithm
+            .map(|algorithm| match algorithm {
+                AlgorithmArg::SlidingWindowCounter => Algorithm::SlidingWindowCounter,
+                AlgorithmArg::SlidingWindowLog => Algorithm::SlidingWindowLog,
+            }),
+    };
+    Ok(PolicySettings::XdsSotw {
+        options: Box::new(options),
+        defaults,
+    })
 }
 
 fn backend(

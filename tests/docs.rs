@@ -468,7 +468,12 @@ fn run_document(doc: &str) {
 }
 
 /// The documents with a test below; `every_document_is_run` keeps this list whole.
-const DOCUMENTS: &[&str] = &["README.md", "docs/configuration.md", "docs/performance.md"];
+const DOCUMENTS: &[&str] = &[
+    "README.md",
+    "docs/configuration.md",
+    "docs/envoy-gateway.md",
+    "docs/performance.md",
+];
 
 #[test]
 fn readme() {
@@ -483,6 +488,11 @@ fn configuration() {
 #[test]
 fn performance() {
     run_document("docs/performance.md");
+}
+
+#[test]
+fn envoy_gateway() {
+    run_document("docs/envoy-gateway.md");
 }
 
 #[test]

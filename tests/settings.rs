@@ -129,7 +129,7 @@ fn malformed_settings_stop_start_up_naming_the_variable() {
         ),
         (
             &[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..],
-            "ratelimit: CONFIG_TYPE=GRPC_XDS_SOTW: the xDS config source is not available in this build",
+            "ratelimit: CONFIG_GRPC_XDS_SERVER_URL is not set",
         ),
         (
             &[

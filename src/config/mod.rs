@@ -7,13 +7,15 @@
 //! ```text
 //! source              schema tree          rules               snapshot
 //! file.rs: YAML  ──►  schema::Policy  ──►  rules::Snapshot ──► Config { Domain, Limit }
-//! (an xDS source would build the same schema::Policy from a RateLimitConfig message)
+//! xds/:  RateLimitConfig ──►  schema::Policy  ──►  (the same rules) ──► Config
 //! ```
 //!
 //! - `schema`: what a policy can say, as a source-neutral tree of descriptor
 //!   nodes, and which keys a file allows where;
 //! - `file`: the file source (listing, reading, YAML into the schema tree); `yaml`: the
 //!   positioned YAML parser it uses;
+//! - `xds`: the xDS source (an ADS client receiving `RateLimitConfig` resources, converted into
+//!   the same schema tree);
 //! - `rules`: the validation that turns a schema tree into a [`Domain`] and [`Limit`]s, and
 //!   domains into a snapshot;
 //! - `diagnostics`: locations, [`ConfigError`], warnings and `did you mean` hints;
@@ -29,6 +31,7 @@ mod domain;
 mod file;
 mod rules;
 mod schema;
+pub mod xds;
 mod yaml;
 
 use std::collections::HashMap;

@@ -66,7 +66,14 @@ async fn metrics<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
 }
 
 async fn rlconfig<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
-    app.limiter.config().table().into_response()
+    let mut text = String::new();
+    for line in app.origin.get() {
+        text.push_str("# ");
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text.push_str(&app.limiter.config().table());
+    text.into_response()
 }
 
 /// The message descriptors for proto3 JSON, decoded once from the embedded descriptor set.
@@ -111,6 +118,12 @@ async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Respon
     };
     let response = match app.decide(request).await {
         Ok(response) => response,
+        Err(status) if status.code() == tonic::Code::Unavailable => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                status.message().to_string(),
+            );
+        }
         Err(status) => return text(StatusCode::BAD_REQUEST, status.message().to_string()),
     };
     let code = if response.overall_code == Code::OverLimit as i32 {

@@ -1,5 +1,7 @@
-//! Whether tollgate should receive traffic: SERVING only while a config is loaded, the backend
-//! answers and the process is not draining. Shared by gRPC health and `GET /healthcheck`.
+//! Whether tollgate should receive traffic: SERVING only while policies are loaded (for a source
+//! that delivers them later, such as xDS: once the first push is in, unless told to start
+//! without), the backend answers and the process is not draining. Shared by gRPC health and
+//! `GET /healthcheck`.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -30,8 +32,28 @@ pub struct Health {
 #[derive(Debug, Clone)]
 struct State {
     backend_error: Option<String>,
-    config_error: Option<String>,
     draining: bool,
+    policies: Policies,
+}
+
+/// What readiness asks of the policies in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// Not ready until the source delivered its first policies (an xDS source without
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`); requests are refused with UNAVAILABLE until then.
+    pub wait_for_first_policies: bool,
+    /// Ready only while at least one domain is loaded (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub require_domain: bool,
+}
+
+/// The policies side of readiness.
+#[derive(Debug, Clone, Default)]
+struct Policies {
+    readiness: Readiness,
+    /// Domains in the policies in force; `None` before a source that delivers later has.
+    domains: Option<usize>,
+    /// What the source is waiting for, said while not ready for lack of policies.
+    waiting_for: String,
 }
 
 impl Health {
@@ -41,8 +63,8 @@ impl Health {
             reporter,
             state: Mutex::new(State {
                 backend_error: Some("backend not probed yet".into()),
-                config_error: None,
                 draining: false,
+                policies: Policies::default(),
             }),
         });
         health.publish().await;
@@ -54,13 +76,55 @@ impl Health {
         let state = self.lock().clone();
         if state.draining {
             Err("draining: shutting down".into())
+        } else if let Some(reason) = state.policies.not_ready() {
+            Err(reason)
         } else if let Some(error) = state.backend_error {
-            Err(error)
-        } else if let Some(error) = state.config_error {
             Err(error)
         } else {
             Ok(())
         }
+    }
+
+    /// Sets what readiness asks of the policies, with `domains` loaded now (`None`: none yet,
+    /// the source delivers them later; `waiting_for` says from where).
+    pub async fn set_policies(
+        &self,
+        readiness: Readiness,
+        domains: Option<usize>,
+        waiting_for: String,
+    ) {
+        self.lock().policies = Policies {
+            readiness,
+            domains,
+            waiting_for,
+        };
+        self.publish().await;
+    }
+
+    /// Records that policies with `domains` domains are in force.
+    pub async fn policies_loaded(&self, domains: usize) {
+        let changed = {
+            let mut state = self.lock();
+            let before = state.policies.not_ready();
+            state.policies.domains = Some(domains);
+            before != state.policies.not_ready()
+        };
+        if changed {
+            match self.check() {
+                Ok(()) => tracing::info!("policies loaded: serving"),
+                Err(reason) => tracing::warn!(%reason, "not serving"),
+            }
+            self.publish().await;
+        }
+    }
+
+    /// Why requests cannot be decided yet: the source has not delivered its first policies and
+    /// readiness waits for them. `None` once they are in (or when nothing waits for them).
+    pub fn waiting_for_policies(&self) -> Option<String> {
+        let state = self.lock();
+        let policies = &state.policies;
+        (policies.readiness.wait_for_first_policies && policies.domains.is_none())
+            .then(|| policies.waiting_for.clone())
     }
 
     /// Marks the process as shutting down: NOT_SERVING from now on.
@@ -69,20 +133,18 @@ impl Health {
         self.publish().await;
     }
 
-    async fn set_errors(&self, backend_error: Option<String>, config_error: Option<String>) {
+    async fn set_backend_error(&self, error: Option<String>) {
         let changed = {
             let mut state = self.lock();
-            let changed = state.backend_error.is_some() != backend_error.is_some()
-                || state.config_error.is_some() != config_error.is_some();
-            state.backend_error = backend_error;
-            state.config_error = config_error;
+            let changed = state.backend_error.is_some() != error.is_some();
+            state.backend_error = error;
             changed
         };
         // Only a change is published: every publish reaches each open health Watch stream as
         // a message, and a probe that finds nothing new must not wake them every second.
         if changed {
             match self.check() {
-                Ok(()) => tracing::info!("backend reachable and policies loaded: serving"),
+                Ok(()) => tracing::info!("backend reachable: serving"),
                 Err(reason) => tracing::warn!(%reason, "not serving"),
             }
             self.publish().await;
@@ -113,14 +175,23 @@ impl Health {
     }
 }
 
-/// Probes the backend forever, keeping `health` in step with it. With `require_config`, health
-/// also stays NOT_SERVING while the loaded config has no domain (the reference's
-/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
-pub async fn probe_backend<B: Backend>(
-    health: Arc<Health>,
-    limiter: Arc<Limiter<B>>,
-    require_config: bool,
-) {
+impl Policies {
+    /// Why the policies keep tollgate from being ready, if they do.
+    fn not_ready(&self) -> Option<String> {
+        match self.domains {
+            None if self.readiness.wait_for_first_policies => Some(self.waiting_for.clone()),
+            Some(0) | None if self.readiness.require_domain => Some(
+                "no policy domain loaded, and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks for \
+                 at least one"
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// Probes the backend forever, keeping `health` in step with it.
+pub async fn probe_backend<B: Backend>(health: Arc<Health>, limiter: Arc<Limiter<B>>) {
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -133,8 +204,44 @@ pub async fn probe_backend<B: Backend>(
                 "backend unavailable: no answer to a ping within {PROBE_INTERVAL:?}"
             )),
         };
-        let config_error = (require_config && limiter.config().is_empty())
-            .then(|| "no rate limit configuration with a domain is loaded".to_string());
-        health.set_errors(error, config_error).await;
+        health.set_backend_error(error).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policies(wait: bool, require: bool, domains: Option<usize>) -> Policies {
+        Policies {
+            readiness: Readiness {
+                wait_for_first_policies: wait,
+                require_domain: require,
+            },
+            domains,
+            waiting_for: "waiting for xDS".into(),
+        }
+    }
+
+    #[test]
+    fn readiness_follows_the_policies_as_the_reference_does() {
+        let domain_needed = Some(
+            "no policy domain loaded, and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks for at \
+             least one"
+                .to_string(),
+        );
+        // Files: loaded before serving.
+        assert_eq!(policies(false, false, Some(0)).not_ready(), None);
+        assert_eq!(policies(false, true, Some(0)).not_ready(), domain_needed);
+        assert_eq!(policies(false, true, Some(2)).not_ready(), None);
+        // xDS without FORCE_START_WITHOUT_INITIAL_CONFIG: not ready until the first push.
+        assert_eq!(
+            policies(true, false, None).not_ready(),
+            Some("waiting for xDS".into())
+        );
+        assert_eq!(policies(true, false, Some(0)).not_ready(), None);
+        // xDS with it: ready at once, unless a domain is required.
+        assert_eq!(policies(false, false, None).not_ready(), None);
+        assert_eq!(policies(false, true, None).not_ready(), domain_needed);
     }
 }

@@ -1,12 +1,16 @@
 //! Prometheus metrics of the request path, served by `GET /metrics`.
 //!
-//! Labels are drawn only from closed sets (codes) so that no client can grow the metric set.
+//! Labels are drawn only from closed sets (codes) so that no client can grow the metric set. The
+//! xDS source's metrics carry the version of the policies in force as a label: one series at a
+//! time, replaced at each update.
 
-use std::time::Duration;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -27,6 +31,25 @@ pub struct Metrics {
     requests: ByCode,
     descriptors: ByCode,
     latency: Histogram,
+    xds: Option<XdsMetrics>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
+}
+
+/// The longest version label kept; a control plane's versions are short counters or hashes.
+const MAX_VERSION_LABEL: usize = 128;
+
+/// The xDS source's metrics, present when policies come over xDS.
+#[derive(Debug)]
+struct XdsMetrics {
+    connects: Counter,
+    updates: Counter,
+    nacks: Counter,
+    last_update: Gauge<f64, AtomicU64>,
+    version: Family<VersionLabel, Gauge>,
 }
 
 /// One counter per code of a family, created up front so every series exists from startup
@@ -96,6 +119,81 @@ impl Metrics {
             requests: ByCode::new(&requests, true),
             descriptors: ByCode::new(&descriptors, false),
             latency,
+            xds: None,
+        }
+    }
+
+    /// Adds the xDS source's metrics: stream connects, accepted and refused pushes, the time of
+    /// the last accepted push and the version in force.
+    pub fn with_xds(mut self) -> Self {
+        let xds = XdsMetrics {
+            connects: Counter::default(),
+            updates: Counter::default(),
+            nacks: Counter::default(),
+            last_update: Gauge::default(),
+            version: Family::default(),
+        };
+        self.registry.register(
+            "xds_connects",
+            "Connections to the xDS management server (the first and every reconnect)",
+            xds.connects.clone(),
+        );
+        self.registry.register(
+            "xds_updates",
+            "xDS pushes accepted (ACKed) and put in force",
+            xds.updates.clone(),
+        );
+        self.registry.register(
+            "xds_nacks",
+            "xDS pushes refused (NACKed); the policies in force stayed",
+            xds.nacks.clone(),
+        );
+        self.registry.register(
+            "xds_last_update_timestamp_seconds",
+            "When the policies in force were accepted from xDS (Unix time; 0 before the first)",
+            xds.last_update.clone(),
+        );
+        self.registry.register(
+            "xds_version",
+            "The xDS version of the policies in force, as the label (1 while in force)",
+            xds.version.clone(),
+        );
+        self.xds = Some(xds);
+        self
+    }
+
+    /// Records a connection to the xDS management server.
+    pub fn observe_xds_connect(&self) {
+        if let Some(xds) = &self.xds {
+            xds.connects.inc();
+        }
+    }
+
+    /// Records an accepted xDS push of `version`, at `at`.
+    pub fn observe_xds_update(&self, version: &str, at: SystemTime) {
+        let Some(xds) = &self.xds else { return };
+        xds.updates.inc();
+        let seconds = at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        xds.last_update.set(seconds);
+        let mut end = version.len().min(MAX_VERSION_LABEL);
+        while !version.is_char_boundary(end) {
+            end -= 1;
+        }
+        xds.version.clear();
+        xds.version
+            .get_or_create(&VersionLabel {
+                version: version[..end].to_string(),
+            })
+            .set(1);
+    }
+
+    /// Records a refused xDS push.
+    pub fn observe_xds_nack(&self) {
+        if let Some(xds) = &self.xds {
+            xds.nacks.inc();
         }
     }
 

@@ -1,5 +1,6 @@
 //! The network edge: the RLS gRPC service with health and reflection, the admin HTTP interface,
-//! config reloads and graceful shutdown.
+//! the policy source that keeps the limiter's snapshot current (file reloads, or xDS pushes) and
+//! graceful shutdown.
 
 pub mod admin;
 pub mod health;
@@ -8,6 +9,7 @@ pub mod metrics;
 pub mod reload;
 pub mod rls;
 pub mod tls;
+pub mod xds;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -20,12 +22,13 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
 use crate::config::FileSource;
+use crate::config::xds::{ExtensionDefaults, XdsOptions};
 use crate::limiter::Limiter;
 use crate::proto;
-pub use health::Health;
+pub use health::{Health, Readiness};
 pub use incoming::GrpcListener;
 pub use metrics::Metrics;
-pub use rls::App;
+pub use rls::{App, Origin};
 pub use tls::{ServerTls, TlsFiles};
 
 /// The sockets tollgate serves on, bound before serving starts.
@@ -122,8 +125,18 @@ impl Listeners {
 /// Where policy updates come from while serving.
 #[derive(Debug, Clone)]
 pub enum Policies {
-    /// Policy files, polled for changes and re-read on SIGHUP.
+    /// Policy files, polled for changes and re-read on SIGHUP; their config is in the limiter
+    /// before serving starts.
     Files(FileSource),
+    /// An xDS management server pushing `RateLimitConfig` resources: each accepted push replaces
+    /// the limiter's config. Until the first, the limiter holds whatever it was given (normally
+    /// nothing) and is not ready unless `force_start_without_initial_config`.
+    Xds {
+        /// The client's settings.
+        options: Box<XdsOptions>,
+        /// What limits get when a push leaves tollgate's extensions out.
+        defaults: ExtensionDefaults,
+    },
 }
 
 /// How to serve.
@@ -143,7 +156,8 @@ pub struct ServeOptions {
     pub max_connection_age_grace: Option<Duration>,
     /// The path the metrics are served at on their own listener.
     pub metrics_path: String,
-    /// Whether health requires a config with at least one domain.
+    /// Whether health requires a config with at least one domain (the reference's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub require_config: bool,
 }
 
@@ -225,10 +239,43 @@ pub async fn serve<B: Backend>(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
+    let mut metrics = Metrics::new();
+    match &options.policies {
+        Policies::Files(_) => {
+            let readiness = Readiness {
+                wait_for_first_policies: false,
+                require_domain: options.require_config,
+            };
+            let domains = limiter.config().len();
+            health
+                .set_policies(readiness, Some(domains), String::new())
+                .await;
+        }
+        Policies::Xds { options: xds, .. } => {
+            metrics = metrics.with_xds();
+            let readiness = Readiness {
+                wait_for_first_policies: !xds.force_start_without_initial_config,
+                require_domain: options.require_config,
+            };
+            let waiting_for = format!(
+                "no policies yet: waiting for the first push from the xDS server {} (node {})",
+                xds.server_url, xds.node_id
+            );
+            if xds.force_start_without_initial_config {
+                tracing::warn!(
+                    server = %xds.server_url,
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG: serving before the first xDS push; \
+                     every request is allowed until the policies arrive"
+                );
+            }
+            health.set_policies(readiness, None, waiting_for).await;
+        }
+    }
     let app = Arc::new(App {
         limiter: Arc::clone(&limiter),
         health: Arc::clone(&health),
-        metrics: Metrics::new(),
+        metrics,
+        origin: Origin::default(),
     });
 
     let reflection = || {
@@ -242,13 +289,21 @@ pub async fn serve<B: Backend>(
     let mut tasks = vec![tokio::spawn(health::probe_backend(
         Arc::clone(&health),
         Arc::clone(&limiter),
-        options.require_config,
     ))];
     match &options.policies {
         Policies::Files(source) => tasks.push(tokio::spawn(reload::watch(
             Arc::clone(&limiter),
+            Arc::clone(&health),
             source.clone(),
             options.reload_interval,
+        ))),
+        Policies::Xds {
+            options: xds,
+            defaults,
+        } => tasks.push(tokio::spawn(xds::run(
+            Arc::clone(&app),
+            (**xds).clone(),
+            *defaults,
         ))),
     }
     if let Some(tls) = &options.tls {

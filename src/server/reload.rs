@@ -5,13 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Health;
 use crate::backend::Backend;
 use crate::config::FileSource;
 use crate::limiter::Limiter;
 
 /// Watches `source` forever, swapping a freshly loaded config into `limiter` when its files
-/// change.
-pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, source: FileSource, interval: Duration) {
+/// change (and telling `health` how many domains it has).
+pub async fn watch<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    health: Arc<Health>,
+    source: FileSource,
+    interval: Duration,
+) {
     let mut last_seen = source.fingerprint();
     let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -26,7 +32,9 @@ pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, source: FileSource, int
             continue;
         }
         last_seen = current;
-        reload(&limiter, &source);
+        if reload(&limiter, &source) {
+            health.policies_loaded(limiter.config().len()).await;
+        }
     }
 }
 

@@ -29,6 +29,30 @@ pub struct App<B> {
     pub health: Arc<Health>,
     /// Request metrics.
     pub metrics: Metrics,
+    /// Where the policies in force came from, said above the table of `/rlconfig`.
+    pub origin: Origin,
+}
+
+/// Lines `/rlconfig` prints (as `# ` comments) above the policy table: where the policies in
+/// force came from, for sources that have more to say than a path (xDS: server, node, version).
+#[derive(Debug, Default)]
+pub struct Origin(std::sync::Mutex<Vec<String>>);
+
+impl Origin {
+    /// Replaces the lines.
+    pub fn set(&self, lines: Vec<String>) {
+        *self.lock() = lines;
+    }
+
+    /// The lines.
+    pub fn get(&self) -> Vec<String> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        // A poisoned lock only means a panic elsewhere; the lines themselves are always whole.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The tonic service answering `ShouldRateLimit`.
@@ -61,6 +85,11 @@ impl<B: Backend> App<B> {
     /// Decides one protobuf request and records it in the metrics: the request path of both the
     /// gRPC service and `POST /json`.
     pub async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, GrpcStatus> {
+        // Before the first policies of a source that waits for them, there is nothing to decide
+        // by: answer as a service that is not up yet would, and let Envoy's failure mode rule.
+        if let Some(reason) = self.health.waiting_for_policies() {
+            return Err(GrpcStatus::unavailable(reason));
+        }
         let started = Instant::now();
         let result = decide(&self.limiter, request).await;
         self.metrics

@@ -66,10 +66,16 @@ fn envoy_gateways_environment_resolves_under_the_ratelimit_entry() {
     let tls = settings.grpc.tls.expect("TLS on");
     assert_eq!(tls.cert, PathBuf::from("/certs/tls.crt"));
     assert_eq!(tls.client_ca, Some(PathBuf::from("/certs/ca.crt")));
+    let PolicySettings::XdsSotw { options, .. } = &settings.policies else {
+        panic!("policies over xDS: {:?}", settings.policies);
+    };
+    assert_eq!(options.server_url, "envoy-gateway:18001");
+    assert_eq!(options.node_id, "envoy-ratelimit");
     assert_eq!(
-        settings.policies,
-        PolicySettings::XdsSotw(XdsSettings::default())
+        options.client_cert.as_deref(),
+        Some(std::path::Path::new("/certs/tls.crt"))
     );
+    assert!(options.force_start_without_initial_config);
     assert!(settings.force_start_without_initial_config);
     assert_eq!(settings.log.level, Some(LogLevel::Info));
     let Store::Redis(target) = &settings.backend.store else {

@@ -1,7 +1,8 @@
 //! Real things for tollgate's tests and benchmarks, started on free loopback ports and stopped
-//! when their handles drop: `redis-server` (single, Cluster), Envoy, grpcurl, and tollgate itself,
-//! as a process or in this process on listeners bound to port 0; and the targets a test body is
-//! run against, one `#[test]` per case and target ([`cases!`]).
+//! when their handles drop: `redis-server` (single, Cluster, Sentinel), Envoy, grpcurl, an xDS
+//! management server, test certificates, and tollgate itself, as a process or in this process on
+//! listeners bound to port 0; and the targets a test body is run against, one `#[test]` per case
+//! and target ([`cases!`]).
 //!
 //! Servers that a whole test binary shares (one Redis, one Cluster) outlive every test, so their
 //! processes are started by [`process::spawn`], which ties them to this process: they die with
@@ -14,6 +15,7 @@ pub mod hits;
 pub mod in_process;
 pub mod mount;
 pub mod net;
+pub mod pki;
 pub mod policy;
 pub mod process;
 pub mod redis;
@@ -24,6 +26,7 @@ pub mod target;
 pub mod tollgate;
 pub mod tools;
 pub mod wait;
+pub mod xds;
 
 /// Expands test cases into one `#[test]` per case and target: a module named after the case with
 /// one function per target, so `cargo test <case>::redis_cluster` runs one test and a failure

@@ -69,6 +69,8 @@ descriptors:
 pub struct TollgateBuilder {
     policies: Policies,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
+    no_config: bool,
 }
 
 impl TollgateBuilder {
@@ -85,6 +87,19 @@ impl TollgateBuilder {
         S: Into<String>,
     {
         self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets an environment variable of the process, e.g. the reference's
+    /// `CONFIG_GRPC_XDS_SERVER_URL`.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.envs.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Passes no `--config`: the policies come from elsewhere (an xDS server).
+    pub fn without_config(mut self) -> Self {
+        self.no_config = true;
         self
     }
 
@@ -109,6 +124,8 @@ impl TollgateBuilder {
             log_path: dir.path().join("tollgate.log"),
             config_dir,
             args: self.args,
+            envs: self.envs,
+            no_config: self.no_config,
             _dir: Some(dir),
         };
         tollgate.spawn();
@@ -156,6 +173,8 @@ pub struct Tollgate {
     log_path: PathBuf,
     config_dir: PathBuf,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
+    no_config: bool,
     /// Keeps the config directory and logs alive as long as the process.
     _dir: Option<TempDir>,
 }
@@ -245,16 +264,18 @@ impl Tollgate {
         //   ordinary decisions into failure-mode answers;
         // - a key prefix of its own, so instances on a shared Redis count apart.
         let mut command = Command::new(tollgate_bin());
+        command.arg("serve");
+        if !self.no_config {
+            command.arg("--config").arg(&self.config_dir);
+        }
         command
-            .arg("serve")
-            .arg("--config")
-            .arg(&self.config_dir)
             .args(&self.args)
             .env("TOLLGATE_GRPC_ADDR", "127.0.0.1:0")
             .env("TOLLGATE_HTTP_ADDR", "127.0.0.1:0")
             .env("TOLLGATE_BACKEND_TIMEOUT", "5s")
             .env("TOLLGATE_KEY_PREFIX", unique_prefix("tollgate-process"))
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         process::log_to(&mut command, &self.log_path);
         let child = process::spawn(command).expect("spawn the tollgate binary");
         self.child = Some(child);
