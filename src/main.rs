@@ -11,9 +11,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tollgate::backend::redis::{ClusterBackend, RedisBackend};
 use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, MemoryBackend};
-use tollgate::config::{Config, FailureMode};
+use tollgate::config::{Config, FailureMode, LoadOptions};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::server::{self, Listeners, ServeOptions};
+use tollgate::window::Counting;
 
 /// A sliding-window rate-limit service for Envoy (RateLimitService v3).
 #[derive(Debug, Parser)]
@@ -32,6 +33,10 @@ enum Command {
         /// A YAML file or a directory of *.yaml / *.yml files.
         #[arg(long, env = "TOLLGATE_CONFIG")]
         config: PathBuf,
+        /// Let several files declare one domain and merge their top-level descriptors.
+        #[arg(long, env = "TOLLGATE_MERGE_DOMAINS", num_args = 0..=1, default_value = "false",
+              default_missing_value = "true", action = clap::ArgAction::Set)]
+        merge_domains: bool,
     },
 }
 
@@ -49,6 +54,14 @@ enum BackendKind {
 enum FailureModeArg {
     Allow,
     Deny,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CountingArg {
+    /// Only admitted hits are recorded; a rejected request gives back what it took.
+    Admitted,
+    /// Every hit is recorded, refused ones included (envoyproxy/ratelimit's counting).
+    All,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -102,6 +115,29 @@ struct ServeArgs {
     #[arg(long, env = "TOLLGATE_RETRY_AFTER_HEADER", num_args = 0..=1, default_value = "true",
           default_missing_value = "true", action = clap::ArgAction::Set)]
     retry_after_header: bool,
+    /// Which hits a limit without its own `counting` records: `admitted` (a rejected request
+    /// consumes nothing) or `all` (every hit is charged, as envoyproxy/ratelimit counts; what
+    /// token quotas debited after the response need).
+    #[arg(
+        long,
+        env = "TOLLGATE_COUNTING",
+        value_enum,
+        default_value = "admitted"
+    )]
+    counting: CountingArg,
+    /// Treat every descriptor as a quota descriptor: reject only when all are over.
+    #[arg(long, env = "TOLLGATE_QUOTA_MODE", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    quota_mode: bool,
+    /// Return dynamic metadata (domain, descriptors, hits_addend, the passed limits' metadata)
+    /// in every response, in envoyproxy/ratelimit's shape.
+    #[arg(long, env = "TOLLGATE_RESPONSE_DYNAMIC_METADATA", num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", action = clap::ArgAction::Set)]
+    response_dynamic_metadata: bool,
+    /// Let several files declare one domain and merge their top-level descriptors.
+    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    merge_domains: bool,
     /// How often the config path is checked for changes (SIGHUP reloads at once).
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     reload_interval: Duration,
@@ -111,6 +147,15 @@ struct ServeArgs {
     /// Log format.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+impl ServeArgs {
+    /// How the config's files are gathered, at start and on every reload.
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domains,
+        }
+    }
 }
 
 fn parse_key_prefix(prefix: &str) -> Result<String, String> {
@@ -127,11 +172,14 @@ fn parse_key_prefix(prefix: &str) -> Result<String, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config } => check(&config),
+        Command::Check {
+            config,
+            merge_domains,
+        } => check(&config, LoadOptions { merge_domains }),
         Command::Serve(args) => {
             init_logging(args.log_format);
             // An invalid config stops startup with exactly the message `check` prints.
-            let config = match Config::load(&args.config) {
+            let config = match Config::load_with(&args.config, args.load_options()) {
                 Ok(config) => config,
                 Err(error) => {
                     eprintln!("{error}");
@@ -149,8 +197,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(path: &Path) -> ExitCode {
-    match Config::load(path) {
+fn check(path: &Path, options: LoadOptions) -> ExitCode {
+    match Config::load_with(path, options) {
         Ok(config) => {
             for warning in config.warnings() {
                 eprintln!("{warning}");
@@ -195,11 +243,18 @@ fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
             },
             shadow_mode: args.shadow_mode,
             retry_after_header: args.retry_after_header,
+            counting: match args.counting {
+                CountingArg::Admitted => Counting::Admitted,
+                CountingArg::All => Counting::All,
+            },
+            quota_mode: args.quota_mode,
+            response_dynamic_metadata: args.response_dynamic_metadata,
         };
         let limiter = Arc::new(Limiter::new(Arc::new(config), backend, settings));
         let listeners = Listeners::bind(args.grpc_addr, args.http_addr).await?;
         let options = ServeOptions {
             config_path: args.config.clone(),
+            load_options: args.load_options(),
             reload_interval: args.reload_interval,
             drain_timeout: args.drain_timeout,
         };

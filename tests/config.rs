@@ -428,7 +428,7 @@ fn invalid_files_fail_at_the_offending_node() {
         ),
         (
             "unknown_key_in_rate_limit.yaml",
-            "6:7: unknown key `requestsperunit` in `rate_limit`; did you mean `requests_per_unit`? (allowed: `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `window`, `shards`, `failure_mode`)",
+            "6:7: unknown key `requestsperunit` in `rate_limit`; did you mean `requests_per_unit`? (allowed: `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `window`, `shards`, `failure_mode`, `counting`)",
         ),
         (
             "unknown_top_key.yaml",
@@ -636,7 +636,7 @@ fn a_domain_declared_twice_points_at_both() {
     assert_eq!(
         error.to_string(),
         format!(
-            "{}:2:9: domain `twice` is already declared in {}:1:9; keep each domain in one file",
+            "{}:2:9: domain `twice` is already declared in {}:1:9; keep each domain in one file (or merge the files' domains with --merge-domains)",
             dir.join("b.yaml").display(),
             dir.join("a.yaml").display()
         )

@@ -13,16 +13,16 @@ use super::diagnostics::{ConfigError, Finding, Pos, unknown_key_message};
 use super::rules::Snapshot;
 use super::schema::{DescriptorNode, Given, MAX_SHARDS, Place, Policy, RateLimitNode, ReplaceNode};
 use super::yaml::{self, Node, Resolved, Value};
-use super::{Config, MetaValue};
+use super::{Config, LoadOptions, MetaValue};
 
 /// Loads a policy file, or every `*.yaml` / `*.yml` file of a directory in file-name order.
 ///
 /// In a directory, names starting with `.` are skipped and symlinks are followed, which is what a
 /// Kubernetes ConfigMap mount needs (its files are symlinks into a `..data` dir).
-pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
+pub(super) fn load(path: &Path, options: LoadOptions) -> Result<Config, ConfigError> {
     let metadata = fs::metadata(path)
         .map_err(|e| ConfigError::file(path, format!("cannot read the config: {e}")))?;
-    let mut snapshot = Snapshot::default();
+    let mut snapshot = Snapshot::new(options);
     if metadata.is_dir() {
         let files = policy_files(path)?;
         if files.is_empty() {
@@ -43,14 +43,21 @@ pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
             .ok_or_else(|| ConfigError::file(path, "cannot read the config: not found"))?;
         add(&mut snapshot, path, &text)?;
     }
-    Ok(snapshot.finish())
+    finish(snapshot)
 }
 
 /// Loads one file's text; `file` names it in errors.
 pub(super) fn from_text(file: &Path, text: &str) -> Result<Config, ConfigError> {
     let mut snapshot = Snapshot::default();
     add(&mut snapshot, file, text)?;
-    Ok(snapshot.finish())
+    finish(snapshot)
+}
+
+/// The snapshot of every file added, or the error of the file it is about.
+fn finish(snapshot: Snapshot<Pos>) -> Result<Config, ConfigError> {
+    snapshot
+        .finish()
+        .map_err(|(file, finding)| finding.into_error(&file))
 }
 
 /// Reads the policy in `text` and adds it to `snapshot`.
@@ -370,6 +377,7 @@ fn rate_limit(field: Field<'_>) -> Read<RateLimitNode<Pos>> {
             })
             .transpose()?,
         failure_mode: optional_text("failure_mode")?,
+        counting: optional_text("counting")?,
     })
 }
 

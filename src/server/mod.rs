@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
+use crate::config::LoadOptions;
 use crate::limiter::Limiter;
 use crate::proto;
 pub use health::Health;
@@ -60,6 +61,8 @@ impl Listeners {
 pub struct ServeOptions {
     /// The config file or directory, re-read when it changes.
     pub config_path: PathBuf,
+    /// How the config's files are gathered on each reload (domains merged or not).
+    pub load_options: LoadOptions,
     /// How often the config path is checked for changes.
     pub reload_interval: Duration,
     /// How long a shutdown waits for calls and streams in flight before cutting them.
@@ -129,6 +132,7 @@ pub async fn serve<B: Backend>(
     let reloader = tokio::spawn(reload::watch(
         Arc::clone(&limiter),
         options.config_path.clone(),
+        options.load_options,
         options.reload_interval,
     ));
 

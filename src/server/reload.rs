@@ -8,11 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::config::Config;
+use crate::config::{Config, LoadOptions};
 use crate::limiter::Limiter;
 
-/// Watches `path` forever, swapping a freshly loaded config into `limiter` when the files change.
-pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, path: PathBuf, interval: Duration) {
+/// Watches `path` forever, swapping a freshly loaded config (gathered as `options` say) into
+/// `limiter` when the files change.
+pub async fn watch<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    path: PathBuf,
+    options: LoadOptions,
+    interval: Duration,
+) {
     let mut last_seen = fingerprint(&path);
     let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -27,13 +33,14 @@ pub async fn watch<B: Backend>(limiter: Arc<Limiter<B>>, path: PathBuf, interval
             continue;
         }
         last_seen = current;
-        reload(&limiter, &path);
+        reload(&limiter, &path, options);
     }
 }
 
-/// Loads `path` and installs it; on failure keeps the config in force. Returns whether it took.
-pub fn reload<B: Backend>(limiter: &Limiter<B>, path: &Path) -> bool {
-    match Config::load(path) {
+/// Loads `path` (gathered as `options` say) and installs it; on failure keeps the config in
+/// force. Returns whether it took.
+pub fn reload<B: Backend>(limiter: &Limiter<B>, path: &Path, options: LoadOptions) -> bool {
+    match Config::load_with(path, options) {
         Ok(config) => {
             for warning in config.warnings() {
                 tracing::warn!("{warning}");

@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::backend::{AnyBackend, MemoryBackend, Sharded};
 use tollgate::clock::ManualClock;
-use tollgate::config::Config;
+use tollgate::config::{Config, LoadOptions};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::server::{Listeners, ServeError, ServeOptions, serve};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -133,6 +133,7 @@ impl InProcessBuilder {
             .unwrap_or_else(|| unique_prefix("in-process"));
         let options = ServeOptions {
             config_path: config_dir.clone(),
+            load_options: LoadOptions::default(),
             reload_interval: self.reload_interval,
             drain_timeout: self.drain_timeout,
         };
