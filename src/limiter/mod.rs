@@ -312,15 +312,11 @@ impl<B: Backend> Limiter<B> {
         metadata_sources: Vec<(usize, &MetaValue)>,
     ) -> Decision {
         let mut statuses = Vec::with_capacity(plans.len());
-        // Per status: whether it passed with a limit of the config, whose metadata then counts.
-        let mut passed_limited = Vec::with_capacity(plans.len());
-        // (status, hit) of the charges a rejection gives back.
-        let mut refundable: Vec<(usize, usize)> = Vec::new();
         let mut rate_limits_over = 0usize;
         let (mut quota_total, mut quota_over) = (0usize, 0usize);
         let mut retry_after: Option<u64> = None;
 
-        for (index, plan) in plans.into_iter().enumerate() {
+        for plan in &plans {
             let status = match plan {
                 Plan::Free => {
                     // Under global quota mode a descriptor without a limit is a quota descriptor
@@ -341,14 +337,10 @@ impl<B: Backend> Limiter<B> {
                     remaining: u32::MAX,
                     reset: None,
                 },
-                Plan::Limited {
-                    limit,
-                    hit,
-                    counting,
-                } => {
+                Plan::Limited { limit, hit, .. } => {
                     // Read in place: the receipts stay in `results` until a rejection needs them.
                     // A missing result (a backend answering fewer hits than asked) is a failure.
-                    let (mut code, remaining, reset_ms) = match results.get(hit) {
+                    let (mut code, remaining, reset_ms) = match results.get(*hit) {
                         Some(Ok(outcome)) => {
                             let verdict = outcome.verdict;
                             let code = if verdict.admitted {
@@ -384,31 +376,34 @@ impl<B: Backend> Limiter<B> {
                         let seconds = window::reset_seconds(reset_ms);
                         retry_after = Some(retry_after.map_or(seconds, |r| r.max(seconds)));
                     }
-                    if counting == Counting::Admitted {
-                        refundable.push((index, hit));
-                    }
-                    passed_limited.push(code == Code::Ok);
-                    statuses.push(Status {
+                    Status {
                         code,
-                        limit: Some(limit),
+                        limit: Some(Arc::clone(limit)),
                         remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                         reset: Some(Duration::from_secs(window::reset_seconds(reset_ms))),
-                    });
-                    continue;
+                    }
                 }
             };
-            passed_limited.push(false);
             statuses.push(status);
         }
 
         // As in envoyproxy/ratelimit: any plain limit over, or every quota limit over.
         let rejected = rate_limits_over > 0 || (quota_total > 0 && quota_total == quota_over);
         if rejected {
-            let receipts: Vec<(usize, Receipt)> = refundable
-                .into_iter()
-                .filter_map(|(status, hit)| {
-                    let outcome = results.get_mut(hit)?.as_mut().ok()?;
-                    Some((status, outcome.receipt.take()?))
+            // The charges of limits that count admitted hits only go back; each by its status.
+            let receipts: Vec<(usize, Receipt)> = plans
+                .iter()
+                .enumerate()
+                .filter_map(|(status, plan)| match plan {
+                    Plan::Limited {
+                        hit,
+                        counting: Counting::Admitted,
+                        ..
+                    } => {
+                        let outcome = results.get_mut(*hit)?.as_mut().ok()?;
+                        Some((status, outcome.receipt.take()?))
+                    }
+                    _ => None,
                 })
                 .collect();
             if !receipts.is_empty() {
@@ -442,11 +437,17 @@ impl<B: Backend> Limiter<B> {
             response_headers.push(("retry-after".to_string(), seconds.to_string()));
         }
         let dynamic_metadata = self.settings.response_dynamic_metadata.then(|| {
-            let passed = metadata_sources
+            // A descriptor passed when a limit of the config applied and it is not over; a
+            // replaced or unlimited limit contributes nothing, as in envoyproxy/ratelimit.
+            let passed = |index: usize| {
+                matches!(plans.get(index), Some(Plan::Limited { .. }))
+                    && statuses.get(index).is_some_and(|s| s.code == Code::Ok)
+            };
+            let sources = metadata_sources
                 .into_iter()
-                .filter(|(index, _)| passed_limited.get(*index).copied().unwrap_or(false))
+                .filter(|(index, _)| passed(*index))
                 .map(|(_, meta)| meta);
-            dynamic_metadata(request, merge_metadata(passed))
+            dynamic_metadata(request, merge_metadata(sources))
         });
         Decision {
             overall,
