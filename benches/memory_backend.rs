@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tollgate::backend::{Backend, Hit, MemoryBackend, Sharded};
-use tollgate::window::{Algorithm, Cost};
+use tollgate::window::{Algorithm, Cost, Counting};
 
 const MANY_KEYS: usize = 10_000;
 
@@ -36,6 +36,7 @@ fn hits(keys: usize, algorithm: Algorithm, limit: u64, shards: u16) -> Vec<Hit> 
             limit,
             window_ms: 60_000,
             cost: Cost::Consume(1),
+            counting: Counting::Admitted,
             shards,
         })
         .collect()

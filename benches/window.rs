@@ -5,7 +5,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tollgate::window::{self, Cost};
+use tollgate::window::{self, Cost, Counting};
 
 const W: u64 = 60_000;
 /// A time well inside a fixed window, so the counter's weighting is not trivial.
@@ -28,6 +28,7 @@ fn counter(c: &mut Criterion) {
                     black_box(prev),
                     black_box(curr),
                     black_box(cost),
+                    black_box(Counting::Admitted),
                 )
             })
         });
@@ -56,6 +57,7 @@ fn log(c: &mut Criterion) {
                 black_box(entries.last().map(|e| e.0)),
                 black_box(&entries).iter().copied(),
                 black_box(Cost::Consume(1)),
+                black_box(Counting::Admitted),
             )
         })
     });
@@ -77,6 +79,7 @@ fn log(c: &mut Criterion) {
                     black_box(entries.last().map(|e| e.0)),
                     black_box(&entries).iter().copied(),
                     black_box(Cost::Consume(cost)),
+                    black_box(Counting::Admitted),
                 )
             })
         });

@@ -1,21 +1,28 @@
 -- Sliding window counter: decide one hit and record it, atomically.
 --
--- KEYS[1]  the limiter's counter hash. Field "<k>" holds the units admitted in fixed window k
+-- KEYS[1]  the limiter's counter hash. Field "<k>" holds the units recorded in fixed window k
 --          (k = floor(now / window)); only windows k-1 and k matter, older fields are dropped.
 -- ARGV[1]  limit L: units admitted per window, an integer in 0 .. 2^53-1
 -- ARGV[2]  window W in milliseconds, an integer in 1 .. 2^40
--- ARGV[3]  cost c: 0 = check only (consume nothing), else the units to consume, 1 .. L+1
---          (the caller clamps larger costs to L+1: any cost above L is refused the same way)
--- ARGV[4]  optional decision time in ms since the epoch, for tests; without it the server's
+-- ARGV[3]  cost c: 0 = check only (consume nothing), else the units to consume, 1 .. 2^53-1
+--          (the caller saturates larger costs at 2^53-1)
+-- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
+--          does not fit is still charged, as envoyproxy/ratelimit counts)
+-- ARGV[5]  optional decision time in ms since the epoch, for tests; without it the server's
 --          clock (TIME) decides, so the clocks of the tollgate instances do not matter
 --
 -- Reply: { admitted (1|0), remaining, reset_ms, k }
---   remaining  floor((L*W - scaled_used) / W) after the hit when admitted, before it when not
---   reset_ms   admitted: time until every counted unit has left the window;
+--   admitted   c fits: used + c <= L (a check: used <= L)
+--   remaining  floor((L*W - scaled_used) / W) after the charge, if any (at least 0)
+--   reset_ms   admitted: time until every recorded unit has left the window;
 --              refused: time until the same hit would be admitted if nothing else arrived
 --   k          the fixed window the hit was added to (what a refund names)
 --
--- The math is the window spec of tollgate, in integers scaled by W: used*W =
+-- Invariants: a check never writes; an admitted hit never takes window k above L; a refused hit
+-- writes only when ARGV[4] is 1, and then window k holds min(count + c, 2^53-1), so usage may be
+-- above L and every computation below allows for it.
+--
+-- The math is the window spec of tollgate (src/window.rs), in integers scaled by W: used*W =
 -- prev*(W-e) + curr*W. Those products reach L*W, beyond the 2^53 that a Lua number holds exactly,
 -- so they are computed with the exact helpers below, which stay on plain numbers while a value is
 -- below 2^53 and switch to base-2^24 limbs above it. Every value the script stores or returns is
@@ -28,6 +35,7 @@ end
 
 local BASE = 16777216 -- 2^24, one limb
 local EXACT = 9007199254740992 -- 2^53, the first integer a Lua number may not hold exactly
+local MAX_COUNT = EXACT - 1 -- the most one fixed window records
 local MARGIN_MS = 5000 -- keys outlive their last useful instant by this much
 
 -- Exact non-negative integers: a Lua number when below 2^53, else a table of limbs, least
@@ -179,9 +187,10 @@ local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local count_refused = ARGV[4] == '1'
 local now
-if ARGV[4] then
-  now = tonumber(ARGV[4])
+if ARGV[5] then
+  now = tonumber(ARGV[5])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -203,16 +212,23 @@ local scaled = add(mul(prev, window - elapsed), mul(curr, window))
 
 local admitted
 if cost == 0 then
-  admitted = cmp(scaled, full) < 0
+  -- a check passes unless usage is above the limit
+  admitted = cmp(scaled, full) <= 0
 elseif cost > limit then
   admitted = false
 else
   admitted = cmp(add(scaled, mul(cost, window)), full) <= 0
 end
 
-if admitted and cost > 0 then
-  curr = redis.call('HINCRBY', key, int(k), int(cost))
-  scaled = add(scaled, mul(cost, window))
+if cost > 0 and (admitted or count_refused) then
+  -- an admitted charge stays within L; a refused one saturates at MAX_COUNT
+  local after = add(curr, cost)
+  if cmp(after, MAX_COUNT) > 0 then
+    after = MAX_COUNT
+  end
+  curr = after
+  redis.call('HSET', key, int(k), int(curr))
+  scaled = add(mul(prev, window - elapsed), mul(curr, window))
   -- window k counts until the end of window k+1
   redis.call('PEXPIRE', key, int(start + 2 * window - now + MARGIN_MS))
   if redis.call('HLEN', key) > 2 then
@@ -239,13 +255,15 @@ if admitted then
   else
     reset = 0
   end
-elseif cost > limit or limit == 0 then
+elseif cost > limit then
+  -- it can never fit: the full window
   reset = window
 else
-  -- the budget the earlier hits may use, scaled by W, for this hit to fit
+  -- the budget the recorded hits may use, scaled by W, for this hit to fit (they include this
+  -- hit when it was charged)
   local budget
   if cost == 0 then
-    budget = sub(full, 1)
+    budget = full
   else
     budget = sub(full, mul(cost, window))
   end

@@ -1,24 +1,30 @@
 -- Sliding window log: decide one hit and record it, atomically.
 --
--- KEYS[1]  the limiter's log: a sorted set with one member per admitted hit, scored by the hit's
+-- KEYS[1]  the limiter's log: a sorted set with one member per recorded hit, scored by the hit's
 --          time in ms; the member is "<id>:<cost>", so a hit of cost 100 is one member
 -- KEYS[2]  the log's hash beside it: field "sum" = total cost of the members, field "seq" = the
 --          last entry id handed out
 -- ARGV[1]  limit L: units admitted per window, an integer in 0 .. 2^53-1
 -- ARGV[2]  window W in milliseconds, an integer in 1 .. 2^40
 -- ARGV[3]  cost c: 0 = check only (consume nothing), else the units to consume, 1 .. L+1
---          (the caller clamps larger costs to L+1: any cost above L is refused the same way)
--- ARGV[4]  optional decision time in ms since the epoch, for tests; without it the server's
+--          (the caller clamps larger costs to L+1: a cost above L is refused, and while an
+--          entry of L+1 is in the window usage is above L, just as with any larger cost)
+-- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
+--          does not fit is still charged, as envoyproxy/ratelimit counts)
+-- ARGV[5]  optional decision time in ms since the epoch, for tests; without it the server's
 --          clock (TIME) decides
 --
 -- Reply: { admitted (1|0), remaining, reset_ms, id }
---   remaining  L - used, after the hit when admitted, before it when not (at least 0)
+--   admitted   c fits: used + c <= L (a check: used <= L)
+--   remaining  L - used after the charge, if any (at least 0)
 --   reset_ms   admitted: time until the newest entry leaves the window (0 when the log is empty);
 --              refused: time until enough of the oldest entries have left for the hit to fit
 --   id         the id of the entry recorded (0 when nothing was recorded); a refund names it
 --
--- An entry at time x is inside the window at t iff x > t - W. Costs, sums and ids stay below 2^53,
--- so plain Lua numbers are exact here.
+-- Invariants: a check never adds an entry; an admitted hit never takes the sum above L; a refused
+-- hit adds an entry of min(c, L+1) only when ARGV[4] is 1, so the sum may be above L. An entry at
+-- time x is inside the window at t iff x > t - W. Costs, sums and ids stay below 2^53, so plain
+-- Lua numbers are exact here.
 
 if redis.replicate_commands then
   -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
@@ -41,9 +47,10 @@ local meta = KEYS[2]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local count_refused = ARGV[4] == '1'
 local now
-if ARGV[4] then
-  now = tonumber(ARGV[4])
+if ARGV[5] then
+  now = tonumber(ARGV[5])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -79,19 +86,28 @@ end
 
 local admitted
 if cost == 0 then
-  admitted = used < limit
+  -- a check passes unless usage is above the limit
+  admitted = used <= limit
 elseif cost > limit then
   admitted = false
 else
   admitted = used + cost <= limit
 end
 
+-- the entry this hit leaves: its cost when admitted, at most L+1 when refused and counted
+local entry = 0
+if cost > 0 and admitted then
+  entry = cost
+elseif cost > 0 and count_refused then
+  entry = math.min(cost, limit + 1)
+end
+
 local id = 0
-if admitted and cost > 0 then
+if entry > 0 then
   -- ids start from the clock so that a log recreated after expiry does not reuse them
   id = (seq or now * 1000) + 1
-  used = used + cost
-  redis.call('ZADD', log, int(now), int(id) .. ':' .. int(cost))
+  used = used + entry
+  redis.call('ZADD', log, int(now), int(id) .. ':' .. int(entry))
   redis.call('HSET', meta, 'sum', int(used), 'seq', int(id))
   redis.call('PEXPIRE', log, int(window + MARGIN_MS))
   redis.call('PEXPIRE', meta, int(window + MARGIN_MS))
@@ -117,14 +133,13 @@ if admitted then
     local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
     reset = tonumber(newest[2]) + window - now
   end
-elseif cost > limit or limit == 0 then
+elseif cost > limit then
+  -- it can never fit: the full window
   reset = window
 else
-  -- drop the oldest entries until the hit fits; it fits once the last one dropped has left
+  -- drop the oldest entries (this hit's own included, when it was recorded) until the hit
+  -- fits; it fits once the last one dropped has left
   local target = limit - cost
-  if cost == 0 then
-    target = limit - 1
-  end
   reset = window -- unless the entries say sooner (they always do while the sum agrees with them)
   local left = used
   local from = 0

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use tollgate::backend::redis::{ClusterBackend, RedisBackend, connect};
 use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, MemoryBackend, PerSecond};
-use tollgate::config::Config;
+use tollgate::config::{Config, LoadOptions};
 use tollgate::limiter::Limiter;
 use tollgate::server::{self, Listeners, Policies, ServeOptions, ServerTls, reload};
 use tollgate::settings::{self, Entry, Flags, LogFormat, PolicySettings, Settings, Store};
@@ -38,6 +38,11 @@ enum Command {
         /// A YAML file or a directory of *.yaml / *.yml files.
         #[arg(long, env = "TOLLGATE_CONFIG")]
         config: PathBuf,
+        /// Let several files declare one domain and merge their top-level descriptors (also
+        /// MERGE_DOMAIN_CONFIG).
+        #[arg(long, env = "TOLLGATE_MERGE_DOMAINS", num_args = 0..=1,
+              default_missing_value = "true", action = clap::ArgAction::Set)]
+        merge_domains: Option<bool>,
     },
 }
 
@@ -57,7 +62,10 @@ fn main() -> ExitCode {
         return serve(Entry::Reference, &cli.flags);
     }
     match Cli::parse().command {
-        Command::Check { config } => check(&config),
+        Command::Check {
+            config,
+            merge_domains,
+        } => check(&config, merge_domains),
         Command::Serve(flags) => serve(Entry::Tollgate, &flags),
     }
 }
@@ -89,7 +97,7 @@ fn serve(entry: Entry, flags: &Flags) -> ExitCode {
     let (policies, config) = match &settings.policies {
         PolicySettings::Files(source) => {
             // An invalid config stops startup with exactly the message `check` prints.
-            let config = match source.load() {
+            let config = match source.load_with(settings.load_options) {
                 Ok(config) => config,
                 Err(error) => {
                     eprintln!("{error}");
@@ -131,8 +139,18 @@ fn serve(entry: Entry, flags: &Flags) -> ExitCode {
     }
 }
 
-fn check(path: &Path) -> ExitCode {
-    match Config::load(path) {
+fn check(path: &Path, merge_domains: Option<bool>) -> ExitCode {
+    let merge_domains = match merge_domains {
+        Some(merge) => merge,
+        None => match settings::boolean_var("MERGE_DOMAIN_CONFIG", &settings::process_env) {
+            Ok(merge) => merge.unwrap_or(false),
+            Err(error) => {
+                eprintln!("tollgate: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    match Config::load_with(path, LoadOptions { merge_domains }) {
         Ok(config) => {
             for warning in config.warnings() {
                 eprintln!("{warning}");
@@ -182,6 +200,7 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
         let listeners = Listeners::bind_all(&settings.listen).await?;
         let options = ServeOptions {
             policies,
+            load_options: settings.load_options,
             reload_interval: settings.reload_interval,
             drain_timeout: settings.drain_timeout,
             tls,

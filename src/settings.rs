@@ -25,10 +25,10 @@ use clap::{Args, ValueEnum};
 
 use crate::backend::redis::connect::{self, Auth, Kind, SocketType, Target, TlsFiles};
 use crate::config::xds::{ExtensionDefaults, XdsOptions};
-use crate::config::{FailureMode, FileSource, RuntimeLayout};
+use crate::config::{FailureMode, FileSource, LoadOptions, RuntimeLayout};
 use crate::limiter::{self, LimitHeaders};
 use crate::server::{GrpcAddr, ListenAddrs};
-use crate::window::Algorithm;
+use crate::window::{Algorithm, Counting};
 
 /// Which program the user started, and so which defaults apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,15 @@ pub enum BackendKind {
     RedisCluster,
     /// The master Redis Sentinel names (`master-name,sentinel:port,...`).
     RedisSentinel,
+}
+
+/// Which hits a limit records (`--counting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CountingArg {
+    /// Only admitted hits are recorded; a refused request gives back what it took.
+    Admitted,
+    /// Every hit is recorded, refused ones included (envoyproxy/ratelimit's counting).
+    All,
 }
 
 /// What a limit answers when the backend fails (`--failure-mode`).
@@ -206,6 +215,28 @@ pub struct Flags {
     #[arg(long, env = "TOLLGATE_RETRY_AFTER_HEADER", num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub retry_after_header: Option<bool>,
+    /// Which hits a limit without its own `counting` records: `admitted` (a refused request
+    /// consumes nothing) or `all` (every hit is charged, as envoyproxy/ratelimit counts; what
+    /// token quotas debited after the response need) [default: admitted for `tollgate serve`;
+    /// under `ratelimit`, `all` unless STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true].
+    #[arg(long, env = "TOLLGATE_COUNTING", value_enum)]
+    pub counting: Option<CountingArg>,
+    /// Treat every descriptor as a quota descriptor: reject only when all are over [default:
+    /// false; also QUOTA_MODE].
+    #[arg(long, env = "TOLLGATE_QUOTA_MODE", num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub quota_mode: Option<bool>,
+    /// Return dynamic metadata (domain, descriptors, hits_addend, the passed limits' metadata)
+    /// in every response, in envoyproxy/ratelimit's shape [default: false; also
+    /// RESPONSE_DYNAMIC_METADATA].
+    #[arg(long, env = "TOLLGATE_RESPONSE_DYNAMIC_METADATA", num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub response_dynamic_metadata: Option<bool>,
+    /// Let several files (or xDS resources) declare one domain and merge their top-level
+    /// descriptors [default: false; also MERGE_DOMAIN_CONFIG].
+    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS", num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub merge_domains: Option<bool>,
     /// How often the policy files and TLS files are checked for changes (SIGHUP reloads the
     /// policies at once) [default: 2s].
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL", value_parser = humantime::parse_duration)]
@@ -307,20 +338,12 @@ pub struct BackendSettings {
 /// Settings whose behaviour other parts of tollgate implement (or will); parsed and checked here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Behaviour {
-    /// `QUOTA_MODE`: treat every descriptor as quota mode. Not applied yet (start-up notice).
-    pub quota_mode: bool,
-    /// `RESPONSE_DYNAMIC_METADATA`: the reference returns `dynamic_metadata` only when set;
-    /// tollgate returns a limit's `metadata` always.
-    pub response_dynamic_metadata: bool,
     /// `NEAR_LIMIT_RATIO`: the share of a limit past which a hit counts as "near limit" in the
     /// reference's metrics. Parsed for those metrics.
     pub near_limit_ratio: f64,
     /// `LOCAL_CACHE_SIZE_IN_BYTES`: the budget of the local over-limit cache (0: off). Not in this
     /// build yet (start-up notice when set).
     pub local_cache_size_in_bytes: u64,
-    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: tollgate never charges a refused hit, so `true`
-    /// is how it always counts.
-    pub stop_cache_key_increment_when_overlimit: bool,
 }
 
 /// Metrics export.
@@ -385,6 +408,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// Where policies come from.
     pub policies: PolicySettings,
+    /// How policies are gathered (`MERGE_DOMAIN_CONFIG`), for files and xDS alike.
+    pub load_options: LoadOptions,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: serve before the first config arrives (xDS).
     pub force_start_without_initial_config: bool,
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: health requires a config with a domain.
@@ -548,13 +573,12 @@ impl Settings {
         let healthy_with_at_least_one_config_loaded = env
             .boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?
             .unwrap_or(false);
-        if env.boolean("MERGE_DOMAIN_CONFIG")? == Some(true) {
-            return Err(SettingsError::Unsupported(
-                "MERGE_DOMAIN_CONFIG=true: merging one domain declared in several files is not \
-                 supported yet; declare each domain in one file (or unset it)"
-                    .into(),
-            ));
-        }
+        let load_options = LoadOptions {
+            merge_domains: match flags.merge_domains {
+                Some(merge) => merge,
+                None => env.boolean("MERGE_DOMAIN_CONFIG")?.unwrap_or(false),
+            },
+        };
 
         // Backend.
         let backend = backend(entry, flags, &env, &mut notices)?;
@@ -591,6 +615,26 @@ impl Settings {
             },
             shadow_mode,
             retry_after_header: flags.retry_after_header.unwrap_or(true),
+            counting: match flags.counting {
+                Some(CountingArg::Admitted) => Counting::Admitted,
+                Some(CountingArg::All) => Counting::All,
+                // The reference charges every hit unless told to stop; `tollgate serve` keeps
+                // refused requests free unless told otherwise.
+                None => match env.boolean("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+                    Some(true) => Counting::Admitted,
+                    Some(false) => Counting::All,
+                    None if entry == Entry::Reference => Counting::All,
+                    None => Counting::Admitted,
+                },
+            },
+            quota_mode: match flags.quota_mode {
+                Some(quota) => quota,
+                None => env.boolean("QUOTA_MODE")?.unwrap_or(false),
+            },
+            response_dynamic_metadata: match flags.response_dynamic_metadata {
+                Some(metadata) => metadata,
+                None => env.boolean("RESPONSE_DYNAMIC_METADATA")?.unwrap_or(false),
+            },
         };
         let behaviour = behaviour(&env, &mut notices)?;
         let tracing = tracing_settings(&env, &mut notices)?;
@@ -611,6 +655,7 @@ impl Settings {
             },
             log: LogSettings { level, format },
             policies,
+            load_options,
             force_start_without_initial_config,
             healthy_with_at_least_one_config_loaded,
             reload_interval: flags.reload_interval.unwrap_or(Duration::from_secs(2)),
@@ -1032,14 +1077,6 @@ fn stats_sinks(env: &Env<'_>, notices: &mut Vec<String>) -> Result<(), SettingsE
 }
 
 fn behaviour(env: &Env<'_>, notices: &mut Vec<String>) -> Result<Behaviour, SettingsError> {
-    let quota_mode = env.boolean("QUOTA_MODE")?.unwrap_or(false);
-    if quota_mode {
-        notices.push(
-            "QUOTA_MODE=true is not applied yet: only descriptors with `quota_mode: true` in \
-             their policy are quota limits"
-                .into(),
-        );
-    }
     let near_limit_ratio = env.float("NEAR_LIMIT_RATIO")?.unwrap_or(0.8);
     let local_cache_size_in_bytes = match env.int("LOCAL_CACHE_SIZE_IN_BYTES")? {
         Some(n) if n < 0 => {
@@ -1055,13 +1092,8 @@ fn behaviour(env: &Env<'_>, notices: &mut Vec<String>) -> Result<Behaviour, Sett
         ));
     }
     Ok(Behaviour {
-        quota_mode,
-        response_dynamic_metadata: env.boolean("RESPONSE_DYNAMIC_METADATA")?.unwrap_or(false),
         near_limit_ratio,
         local_cache_size_in_bytes,
-        stop_cache_key_increment_when_overlimit: env
-            .boolean("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?
-            .unwrap_or(false),
     })
 }
 
@@ -1181,6 +1213,15 @@ fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
 /// lossily).
 pub fn process_env(name: &str) -> Option<String> {
     std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+}
+
+/// Reads the boolean variable `name` from `get` with the reference's rules (`1`, `t`, `TRUE`,
+/// ...); unset or empty is `None`.
+pub fn boolean_var(
+    name: &str,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<bool>, SettingsError> {
+    Env { get }.boolean(name)
 }
 
 /// Reads variables with the reference's (Go envconfig's) rules.

@@ -5,9 +5,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tollgate::config::{Config, MetaValue};
+use tollgate::config::{Config, LoadOptions, MetaValue};
 use tollgate::descriptor::{Entry, Unit};
-use tollgate::window::Algorithm;
+use tollgate::window::{Algorithm, Counting};
 
 fn data(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -428,7 +428,7 @@ fn invalid_files_fail_at_the_offending_node() {
         ),
         (
             "unknown_key_in_rate_limit.yaml",
-            "6:7: unknown key `requestsperunit` in `rate_limit`; did you mean `requests_per_unit`? (allowed: `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `window`, `shards`, `failure_mode`)",
+            "6:7: unknown key `requestsperunit` in `rate_limit`; did you mean `requests_per_unit`? (allowed: `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `window`, `shards`, `failure_mode`, `counting`)",
         ),
         (
             "unknown_top_key.yaml",
@@ -636,7 +636,7 @@ fn a_domain_declared_twice_points_at_both() {
     assert_eq!(
         error.to_string(),
         format!(
-            "{}:2:9: domain `twice` is already declared in {}:1:9; keep each domain in one file",
+            "{}:2:9: domain `twice` is already declared in {}:1:9; keep each domain in one file (or merge the files' domains with --merge-domains)",
             dir.join("b.yaml").display(),
             dir.join("a.yaml").display()
         )
@@ -805,4 +805,130 @@ fn the_examples_load_and_demo_as_documented() {
     let tenant = internal.resolve(&entries(&[("tenant", "acme")])).unwrap();
     assert!(tenant.limit.quota_mode);
     assert!(tenant.metadata.is_some());
+}
+
+/// With merged domains (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG), several files add their
+/// top-level descriptors to one domain: `replaces` may name a limit of another file, and the
+/// limits do not depend on the order the files are read in.
+#[test]
+fn merged_domains_span_files() {
+    let options = LoadOptions {
+        merge_domains: true,
+    };
+    let dir = TempDir::new("merge");
+    dir.write(
+        "a.yaml",
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5, name: per_user}\n  - key: path\n    value: /a*\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    );
+    dir.write(
+        "b.yaml",
+        "domain: shop\ndescriptors:\n  - key: vip\n    rate_limit: {unit: minute, requests_per_unit: 50, replaces: [{name: per_user}]}\n  - key: path\n    value: /ab*\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: user\n    value: alice\n    rate_limit: {unit: minute, requests_per_unit: 7}\n",
+    );
+    let config = Config::load_with(&dir.0, options).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.len(), 1);
+    let key = |pairs: &[(&str, &str)]| full_key(&config, "shop", pairs);
+    assert_eq!(key(&[("user", "bob")]).as_deref(), Some("shop.user"));
+    assert_eq!(
+        key(&[("user", "alice")]).as_deref(),
+        Some("shop.user_alice")
+    );
+    assert_eq!(key(&[("vip", "x")]).as_deref(), Some("shop.vip"));
+    // Wildcards are tried in the order the files were read: a.yaml's first.
+    assert_eq!(key(&[("path", "/abc")]).as_deref(), Some("shop.path_/a*"));
+    assert_eq!(config.limits().len(), 5);
+    assert_eq!(
+        config.domain("shop").unwrap().file(),
+        dir.0.join("a.yaml"),
+        "the first file names the domain"
+    );
+
+    // Without merging, the second file is an error.
+    let error = Config::load(&dir.0).unwrap_err();
+    assert!(error.message.contains("already declared"), "{error}");
+}
+
+#[test]
+fn merged_domains_refuse_a_top_level_descriptor_declared_twice() {
+    let options = LoadOptions {
+        merge_domains: true,
+    };
+    let dir = TempDir::new("merge-dup");
+    dir.write(
+        "a.yaml",
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    );
+    dir.write(
+        "b.yaml",
+        "domain: shop\ndescriptors:\n  - key: other\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 9}\n",
+    );
+    let error = Config::load_with(&dir.0, options).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}:4:5: duplicate descriptor `shop.user` (first in {}:3:5); merged domains may \
+             declare each top-level descriptor once",
+            dir.0.join("b.yaml").display(),
+            dir.0.join("a.yaml").display()
+        )
+    );
+}
+
+#[test]
+fn merged_domains_check_replaces_against_the_whole_domain() {
+    let options = LoadOptions {
+        merge_domains: true,
+    };
+    let dir = TempDir::new("merge-replaces");
+    dir.write(
+        "a.yaml",
+        "domain: shop\ndescriptors:\n  - key: vip\n    rate_limit: {unit: minute, requests_per_unit: 50, replaces: [{name: per_usr}]}\n",
+    );
+    dir.write(
+        "b.yaml",
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5, name: per_user}\n",
+    );
+    let error = Config::load_with(&dir.0, options).unwrap_err();
+    assert_eq!(error.file, dir.0.join("a.yaml"));
+    assert!(
+        error.message.contains("`replaces` names `per_usr`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn counting_is_read_per_limit() {
+    let config = Config::from_yaml(
+        "counting.yaml",
+        "domain: d\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: hour, requests_per_unit: 1000, counting: all}\n  - key: calls\n    rate_limit: {unit: hour, requests_per_unit: 10, counting: admitted}\n  - key: other\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let counting = |key: &str| {
+        config
+            .domain("d")
+            .unwrap()
+            .resolve(&[Entry::new(key, "x")])
+            .unwrap()
+            .limit
+            .counting
+    };
+    assert_eq!(counting("tokens"), Some(Counting::All));
+    assert_eq!(counting("calls"), Some(Counting::Admitted));
+    assert_eq!(counting("other"), None);
+    assert!(
+        config.table().contains("counting=all"),
+        "{}",
+        config.table()
+    );
+
+    let error = Config::from_yaml(
+        "bad.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1, counting: every}\n",
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("bad.yaml:4:62: unknown counting `every`; write admitted"),
+        "{error}"
+    );
 }

@@ -23,7 +23,7 @@ use hashbrown::HashTable;
 use crate::backend::shard::{self, ShardKeys};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
 use crate::clock::{Clock, SystemClock};
-use crate::window::{self, Algorithm, Cost};
+use crate::window::{self, Algorithm, Cost, Counting};
 
 /// How many independently locked maps the keys are spread over.
 const SHARD_COUNT: usize = 64;
@@ -278,29 +278,43 @@ impl Shard {
             }
             _ => (0, 0),
         };
-        let verdict = window::counter_decide(hit.limit, window_ms, now_ms, prev, curr, cost);
-        let receipt = match cost {
-            Cost::Consume(units) if verdict.admitted => {
-                let state = Window::Counter(CounterWindow {
-                    window_ms,
-                    index,
-                    prev,
-                    curr: curr.saturating_add(units),
-                });
-                match stored {
-                    Some(window) => *window = state,
-                    None => self.insert(&hit.key, hash, state),
-                }
-                Some(Receipt {
-                    key: hit.key.clone(),
-                    algorithm: Algorithm::SlidingWindowCounter,
-                    window_ms,
-                    token: index,
-                    cost: units,
-                })
-            }
-            _ => None,
+        let verdict =
+            window::counter_decide(hit.limit, window_ms, now_ms, prev, curr, cost, hit.counting);
+        let Cost::Consume(units) = cost else {
+            return Outcome {
+                verdict,
+                receipt: None,
+            };
         };
+        let curr_after = match (verdict.admitted, hit.counting) {
+            (true, _) => curr.saturating_add(units),
+            (false, Counting::All) => window::counter_refused_count(curr, units),
+            (false, Counting::Admitted) => {
+                return Outcome {
+                    verdict,
+                    receipt: None,
+                };
+            }
+        };
+        let state = Window::Counter(CounterWindow {
+            window_ms,
+            index,
+            prev,
+            curr: curr_after,
+        });
+        match stored {
+            Some(window) => *window = state,
+            None => self.insert(&hit.key, hash, state),
+        }
+        // Only an admitted charge is ever given back.
+        let receipt = verdict.admitted.then(|| Receipt {
+            key: hit.key.clone(),
+            algorithm: Algorithm::SlidingWindowCounter,
+            window_ms,
+            token: index,
+            cost: units,
+            released_remaining: verdict.remaining.saturating_add(units),
+        });
         Outcome { verdict, receipt }
     }
 
@@ -322,6 +336,7 @@ impl Shard {
                 log.entries.back().map(|newest| newest.time_ms),
                 log.entries.iter().map(|entry| (entry.time_ms, entry.cost)),
                 cost,
+                hit.counting,
             ),
             None => window::log_decide_live(
                 hit.limit,
@@ -331,6 +346,7 @@ impl Shard {
                 None,
                 std::iter::empty(),
                 cost,
+                hit.counting,
             ),
         };
         let Cost::Consume(units) = cost else {
@@ -339,29 +355,33 @@ impl Shard {
                 receipt: None,
             };
         };
-        if !verdict.admitted {
-            return Outcome {
-                verdict,
-                receipt: None,
-            };
-        }
+        let entry_cost = match (verdict.admitted, hit.counting) {
+            (true, _) => units,
+            (false, Counting::All) => window::log_refused_cost(hit.limit, units),
+            (false, Counting::Admitted) => {
+                return Outcome {
+                    verdict,
+                    receipt: None,
+                };
+            }
+        };
         let id = self.next_entry_id;
         self.next_entry_id = self.next_entry_id.wrapping_add(1);
         let entry = LogEntry {
             time_ms: now_ms,
-            cost: units,
+            cost: entry_cost,
             id,
         };
         match log {
             Some(log) => {
-                log.used = log.used.saturating_add(u128::from(units));
+                log.used = log.used.saturating_add(u128::from(entry_cost));
                 log.entries.push_back(entry);
             }
             None => {
                 let state = Window::Log(LogWindow {
                     window_ms,
                     entries: VecDeque::from([entry]),
-                    used: u128::from(units),
+                    used: u128::from(entry_cost),
                 });
                 // The key may hold a window of another kind or length, which this replaces.
                 match window_mut(&mut self.windows, &hit.key, hash) {
@@ -370,16 +390,16 @@ impl Shard {
                 }
             }
         }
-        Outcome {
-            verdict,
-            receipt: Some(Receipt {
-                key: hit.key.clone(),
-                algorithm: Algorithm::SlidingWindowLog,
-                window_ms,
-                token: id,
-                cost: units,
-            }),
-        }
+        // Only an admitted charge is ever given back.
+        let receipt = verdict.admitted.then(|| Receipt {
+            key: hit.key.clone(),
+            algorithm: Algorithm::SlidingWindowLog,
+            window_ms,
+            token: id,
+            cost: units,
+            released_remaining: verdict.remaining.saturating_add(units),
+        });
+        Outcome { verdict, receipt }
     }
 
     /// Stores a window under a key that has none.
@@ -456,6 +476,7 @@ pub(super) mod tests {
             limit,
             window_ms: W,
             cost,
+            counting: Counting::Admitted,
             shards: 1,
         }
     }
@@ -561,12 +582,58 @@ pub(super) mod tests {
             }
             assert_eq!(backend.key_count(), 0, "checks store nothing");
             one(&backend, &hit("k", algorithm, 2, Cost::Consume(2))).await;
+            // Full is not above the limit: a check still passes.
             for cost in [Cost::CheckOnly, Cost::Consume(0)] {
                 let outcome = one(&backend, &hit("k", algorithm, 2, cost)).await;
                 assert_eq!(
                     (outcome.verdict.admitted, outcome.verdict.remaining),
+                    (true, 0)
+                );
+            }
+            // Above it (the limit lowered by a reload), a check is refused.
+            for cost in [Cost::CheckOnly, Cost::Consume(0)] {
+                let outcome = one(&backend, &hit("k", algorithm, 1, cost)).await;
+                assert_eq!(
+                    (outcome.verdict.admitted, outcome.verdict.remaining),
                     (false, 0)
                 );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn refused_hits_are_recorded_only_where_every_hit_counts() {
+        for algorithm in BOTH {
+            let (backend, _clock) = backend_at(3 * W + 100);
+            let h = |key: &str, cost: Cost, counting: Counting| Hit {
+                counting,
+                ..hit(key, algorithm, 10, cost)
+            };
+            for counting in [Counting::Admitted, Counting::All] {
+                let key = format!("{counting}");
+                assert!(
+                    one(&backend, &h(&key, Cost::Consume(9), counting))
+                        .await
+                        .verdict
+                        .admitted
+                );
+                let refused = one(&backend, &h(&key, Cost::Consume(5), counting)).await;
+                assert!(!refused.verdict.admitted, "{algorithm} {counting}");
+                assert_eq!(refused.receipt, None, "nothing gives a refused charge back");
+                let check = one(&backend, &h(&key, Cost::CheckOnly, counting)).await;
+                match counting {
+                    Counting::Admitted => {
+                        assert_eq!(refused.verdict.remaining, 1, "what a smaller hit may use");
+                        assert_eq!((check.verdict.admitted, check.verdict.remaining), (true, 1));
+                    }
+                    Counting::All => {
+                        assert_eq!(refused.verdict.remaining, 0, "14 of 10 used");
+                        assert_eq!(
+                            (check.verdict.admitted, check.verdict.remaining),
+                            (false, 0)
+                        );
+                    }
+                }
             }
         }
     }
@@ -579,13 +646,18 @@ pub(super) mod tests {
                 (5, Cost::Consume(6)),
                 (5, Cost::Consume(u64::MAX)),
                 (0, Cost::Consume(1)),
-                (0, Cost::CheckOnly),
             ] {
                 let outcome = one(&backend, &hit("k", algorithm, limit, cost)).await;
                 assert!(!outcome.verdict.admitted);
                 assert_eq!(outcome.verdict.reset_ms, W);
                 assert_eq!(outcome.verdict.remaining, limit);
             }
+            // Nothing is above a limit of 0 until something is charged to it.
+            let outcome = one(&backend, &hit("k", algorithm, 0, Cost::CheckOnly)).await;
+            assert_eq!(
+                (outcome.verdict.admitted, outcome.verdict.remaining),
+                (true, 0)
+            );
             assert_eq!(backend.key_count(), 0);
         }
     }
@@ -683,6 +755,7 @@ pub(super) mod tests {
                 window_ms: W,
                 token: 0,
                 cost: 2,
+                released_remaining: 0,
             },
             Receipt {
                 key: "k".into(),
@@ -690,6 +763,7 @@ pub(super) mod tests {
                 window_ms: W,
                 token: 1,
                 cost: 2,
+                released_remaining: 0,
             },
             Receipt {
                 key: "k".into(),
@@ -697,6 +771,7 @@ pub(super) mod tests {
                 window_ms: 2 * W,
                 token: 0,
                 cost: 2,
+                released_remaining: 0,
             },
             Receipt {
                 key: "k".into(),
@@ -704,6 +779,7 @@ pub(super) mod tests {
                 window_ms: W,
                 token: 12345,
                 cost: 2,
+                released_remaining: 0,
             },
         ];
         backend.release(&foreign).await.unwrap();

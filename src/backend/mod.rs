@@ -10,7 +10,7 @@ pub mod shard;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::window::{Algorithm, Cost, Verdict};
+use crate::window::{Algorithm, Cost, Counting, Verdict};
 
 pub use memory::MemoryBackend;
 pub use per_second::PerSecond;
@@ -31,17 +31,20 @@ pub struct Hit {
     pub window_ms: u64,
     /// What the hit consumes.
     pub cost: Cost,
+    /// Whether a refused hit is recorded too ([`Counting::All`]) or only an admitted one.
+    pub counting: Counting,
     /// Into how many independent windows the limit's budget is split (1 = not sharded).
     pub shards: u16,
 }
 
-/// The verdict on one hit and, when it consumed something, how to give it back.
+/// The verdict on one hit and, when it was admitted and consumed something, how to give it back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// What the window said.
     pub verdict: Verdict,
     /// Present when the hit was admitted and consumed units; pass it to [`Backend::release`] to
-    /// undo the charge.
+    /// undo the charge. (A refused hit charged under [`Counting::All`] has none: nothing ever
+    /// gives such a charge back.)
     pub receipt: Option<Receipt>,
 }
 
@@ -58,6 +61,10 @@ pub struct Receipt {
     pub token: u64,
     /// Units consumed.
     pub cost: u64,
+    /// What the limit has left once this charge is given back: the verdict's `remaining` plus
+    /// the cost (exact, as the charge was admitted), scaled as the verdict's is by decorators
+    /// such as sharding. What a status reports after its hit was released.
+    pub released_remaining: u64,
 }
 
 /// Why a backend could not decide.

@@ -119,7 +119,7 @@ impl<B: ShardKeys> ShardKeys for PerSecond<B> {
 mod tests {
     use super::*;
     use crate::backend::MemoryBackend;
-    use crate::window::{Algorithm, Cost};
+    use crate::window::{Algorithm, Cost, Counting};
 
     fn hit(key: &str, window_ms: u64) -> Hit {
         Hit {
@@ -128,6 +128,7 @@ mod tests {
             limit: 1,
             window_ms,
             cost: Cost::Consume(1),
+            counting: Counting::Admitted,
             shards: 1,
         }
     }

@@ -14,11 +14,14 @@
 //!   out of N); under sustained load every shard fills and the limit is used almost fully.
 //! - `limit_remaining` is the chosen shard's remaining times N, capped at the limit: an estimate
 //!   of the whole, since the other shards are not read.
+//!
+//! Under [`Counting::All`] a refused hit is charged exactly once: a first try that another shard
+//! may follow is made without charging a refusal, and the last shard tried charges it.
 
 use std::fmt::Write as _;
 
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
-use crate::window::{self, Cost};
+use crate::window::{self, Cost, Counting};
 
 /// Names the windows of a sharded limit in a backend's key space.
 ///
@@ -58,10 +61,10 @@ pub fn shard_budget(limit: u64, shard: u16, shards: u16) -> u64 {
 fn shards_that_fit(limit: u64, shards: u16, cost: Cost) -> u16 {
     let n = u64::from(shards.max(1));
     let (base, extra) = (limit / n, limit % n);
-    // A check needs one unit left, so it fits where a cost of 1 does.
+    // A check fits any shard that is not over its budget, so every shard can admit one.
     let units = match window::normalize_cost(cost) {
         Cost::Consume(units) => units,
-        Cost::CheckOnly => 1,
+        Cost::CheckOnly => 0,
     };
     let fitting = if units <= base {
         n
@@ -98,14 +101,16 @@ impl<B> Sharded<B> {
 }
 
 impl<B: ShardKeys> Sharded<B> {
-    /// The inner hit for shard `shard` of `hit`: the shard's key and budget, not sharded further.
-    fn shard_hit(&self, hit: &Hit, shard: u16) -> Hit {
+    /// The inner hit for shard `shard` of `hit`: the shard's key and budget, not sharded further,
+    /// recording a refusal as `counting` says.
+    fn shard_hit(&self, hit: &Hit, shard: u16, counting: Counting) -> Hit {
         Hit {
             key: self.inner.shard_key(&hit.key, shard, hit.shards),
             algorithm: hit.algorithm,
             limit: shard_budget(hit.limit, shard, hit.shards),
             window_ms: hit.window_ms,
             cost: hit.cost,
+            counting,
             shards: 1,
         }
     }
@@ -117,6 +122,18 @@ fn first_choice(hit: &Hit) -> u16 {
     match shards_that_fit(hit.limit, hit.shards, hit.cost) {
         0 => fastrand::u16(..hit.shards),
         fitting => fastrand::u16(..fitting),
+    }
+}
+
+/// How the first try on shard `first` records a refusal: not at all when a second shard may be
+/// tried after it (that one charges it, so it is charged once), else as the hit says.
+fn first_counting(hit: &Hit, first: u16) -> Counting {
+    let fitting = shards_that_fit(hit.limit, hit.shards, hit.cost);
+    // `second_choice` finds another shard exactly when these hold.
+    if first < fitting && fitting > 1 {
+        Counting::Admitted
+    } else {
+        hit.counting
     }
 }
 
@@ -165,7 +182,7 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
             if is_sharded(hit) {
                 let shard = first_choice(hit);
                 chosen.push(Some(shard));
-                inner_hits.push(self.shard_hit(hit, shard));
+                inner_hits.push(self.shard_hit(hit, shard, first_counting(hit, shard)));
             } else {
                 chosen.push(None);
                 inner_hits.push(hit.clone());
@@ -184,7 +201,7 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
             }
             if let Some(other) = second_choice(hit, tried) {
                 retried.push((index, other));
-                inner_hits.push(self.shard_hit(hit, other));
+                inner_hits.push(self.shard_hit(hit, other, hit.counting));
             }
         }
         if !inner_hits.is_empty() {
@@ -201,11 +218,15 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
 
         for ((hit, result), shard) in hits.iter().zip(&mut results).zip(&chosen) {
             if let (Some(_), Ok(outcome)) = (shard, result) {
-                outcome.verdict.remaining = outcome
-                    .verdict
-                    .remaining
-                    .saturating_mul(u64::from(hit.shards))
-                    .min(hit.limit);
+                let scale = |remaining: u64| {
+                    remaining
+                        .saturating_mul(u64::from(hit.shards))
+                        .min(hit.limit)
+                };
+                outcome.verdict.remaining = scale(outcome.verdict.remaining);
+                if let Some(receipt) = &mut outcome.receipt {
+                    receipt.released_remaining = scale(receipt.released_remaining);
+                }
             }
         }
         results
@@ -288,13 +309,14 @@ mod tests {
             limit,
             window_ms: W,
             cost,
+            counting: Counting::Admitted,
             shards,
         }
     }
 
     /// What shard `shard` of `hit` has left, read straight from the inner backend.
     async fn shard_left(backend: &Sharded<Recording>, hit: &Hit, shard: u16) -> u64 {
-        let mut probe = backend.shard_hit(hit, shard);
+        let mut probe = backend.shard_hit(hit, shard, Counting::Admitted);
         probe.cost = Cost::CheckOnly;
         one(&backend.inner().memory, &probe).await.verdict.remaining
     }
@@ -334,10 +356,7 @@ mod tests {
                         "{limit}/{shards} cost {units}"
                     );
                 }
-                assert_eq!(
-                    shards_that_fit(limit, shards, Cost::CheckOnly),
-                    shards_that_fit(limit, shards, Cost::Consume(1)),
-                );
+                assert_eq!(shards_that_fit(limit, shards, Cost::CheckOnly), shards);
             }
         }
         assert_eq!(shards_that_fit(10, 4, Cost::Consume(u64::MAX)), 0);
@@ -575,8 +594,10 @@ mod tests {
                 }
             }
             assert_eq!(admitted, 3, "{algorithm}");
+            // Full, but nothing is above a budget, so a check passes with nothing left.
             let check = hit("k", algorithm, 3, 8, Cost::CheckOnly);
-            assert!(!one(&backend, &check).await.verdict.admitted);
+            let verdict = one(&backend, &check).await.verdict;
+            assert_eq!((verdict.admitted, verdict.remaining), (true, 0));
 
             let (backend, _clock) = sharded_at(100 * W);
             let zero = hit("z", algorithm, 0, 8, Cost::Consume(1));
@@ -625,6 +646,62 @@ mod tests {
                 admitted += usize::from(one(&backend, &h).await.verdict.admitted);
             }
             assert_eq!(admitted, 1, "{algorithm}");
+        }
+    }
+
+    /// The shards whose usage is above their budget, found with checks (which refuse exactly
+    /// there).
+    async fn shards_over(backend: &Sharded<Recording>, hit: &Hit) -> Vec<u16> {
+        let mut over = Vec::new();
+        for shard in 0..hit.shards {
+            let mut probe = backend.shard_hit(hit, shard, Counting::Admitted);
+            probe.cost = Cost::CheckOnly;
+            if !one(&backend.inner().memory, &probe).await.verdict.admitted {
+                over.push(shard);
+            }
+        }
+        over
+    }
+
+    #[tokio::test]
+    async fn a_refused_hit_counted_in_full_is_charged_to_exactly_one_shard() {
+        for algorithm in BOTH {
+            let (backend, _clock) = sharded_at(100 * W);
+            // Four shards of 2, filled exactly (two random tries may miss the last free shard,
+            // hence the loop).
+            let mut h = hit("all", algorithm, 8, 4, Cost::Consume(1));
+            let mut admitted = 0;
+            while admitted < 8 {
+                admitted += usize::from(one(&backend, &h).await.verdict.admitted);
+            }
+            assert!(shards_over(&backend, &h).await.is_empty(), "{algorithm}");
+
+            // Every hit counted from now on: a first try that another may follow does not
+            // charge its refusal, the second does.
+            h.counting = Counting::All;
+
+            backend.inner().calls.lock().unwrap().clear();
+            let refused = one(&backend, &h).await;
+            assert!(!refused.verdict.admitted);
+            assert_eq!(refused.receipt, None);
+            let calls = backend.inner().calls();
+            assert_eq!(calls.len(), 2, "a second shard is tried");
+            assert_eq!(calls[0][0].counting, Counting::Admitted);
+            assert_eq!(calls[1][0].counting, Counting::All);
+            let over = shards_over(&backend, &h).await;
+            assert_eq!(
+                over.len(),
+                1,
+                "{algorithm}: the debit is charged once: {over:?}"
+            );
+
+            // A cost no shard can hold is charged on its only try.
+            let mut big = hit("big", algorithm, 8, 4, Cost::Consume(5));
+            big.counting = Counting::All;
+            backend.inner().calls.lock().unwrap().clear();
+            assert!(!one(&backend, &big).await.verdict.admitted);
+            assert_eq!(backend.inner().calls().len(), 1);
+            assert_eq!(shards_over(&backend, &big).await.len(), 1, "{algorithm}");
         }
     }
 

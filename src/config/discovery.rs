@@ -12,7 +12,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use super::{Config, ConfigError, file};
+use super::{Config, ConfigError, LoadOptions, file};
 
 /// Where a file source's policies live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,11 +135,17 @@ fn walk(dir: &Path, ignore_dot_files: bool, files: &mut Vec<PathBuf>) -> Result<
 }
 
 impl FileSource {
-    /// Loads the policies. A runtime layout that names no files gives an empty config.
+    /// Loads the policies with the default options. A runtime layout that names no files gives an
+    /// empty config.
     pub fn load(&self) -> Result<Config, ConfigError> {
+        self.load_with(LoadOptions::default())
+    }
+
+    /// Loads the policies, gathered as `options` say.
+    pub fn load_with(&self, options: LoadOptions) -> Result<Config, ConfigError> {
         match self {
-            FileSource::Path(path) => Config::load(path),
-            FileSource::Runtime(layout) => file::load_files(&layout.files()?),
+            FileSource::Path(path) => Config::load_with(path, options),
+            FileSource::Runtime(layout) => file::load_files(&layout.files()?, options),
         }
     }
 

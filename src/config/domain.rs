@@ -44,9 +44,20 @@ impl Domain {
         &self.name
     }
 
-    /// The file that declares the domain.
+    /// The file that declares the domain (with merged domains, the first one read).
     pub fn file(&self) -> &Path {
         &self.file
+    }
+
+    /// Adds the top-level descriptors of another policy declaring this domain (`tree`) and their
+    /// limits, after what is there: wildcards of both are tried in the order they were read.
+    /// The rules have checked that no top-level descriptor is declared twice.
+    pub(super) fn merge(&mut self, tree: Level, limits: Vec<Arc<Limit>>) {
+        for (key, nodes) in tree {
+            self.tree.entry(key).or_default().append(nodes);
+        }
+        self.limits.extend(limits);
+        self.limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
     }
 
     /// This domain's limits, sorted by `full_key`.
@@ -130,6 +141,23 @@ impl KeyNodes {
             if let Some(pattern) = pattern {
                 self.wildcards.push((pattern, index));
             }
+        }
+    }
+}
+
+impl KeyNodes {
+    /// Adds every node of `other` after these, in `other`'s order.
+    fn append(&mut self, other: KeyNodes) {
+        // Each node's value, from the indexes that hold it.
+        let mut values: Vec<String> = vec![String::new(); other.nodes.len()];
+        for (value, index) in other.exact {
+            if let Some(slot) = values.get_mut(index) {
+                *slot = value;
+            }
+        }
+        for (node, value) in other.nodes.into_iter().zip(values) {
+            let pattern = Pattern::new(&value);
+            self.push(&value, pattern, node);
         }
     }
 }

@@ -13,18 +13,18 @@ use super::diagnostics::{ConfigError, Finding, Pos, unknown_key_message};
 use super::rules::Snapshot;
 use super::schema::{DescriptorNode, Given, MAX_SHARDS, Place, Policy, RateLimitNode, ReplaceNode};
 use super::yaml::{self, Node, Resolved, Value};
-use super::{Config, MetaValue};
+use super::{Config, LoadOptions, MetaValue};
 
 /// Loads a policy file, or every `*.yaml` / `*.yml` file of a directory in file-name order.
 ///
 /// In a directory, names starting with `.` are skipped and symlinks are followed, which is what a
 /// Kubernetes ConfigMap mount needs (its files are symlinks into a `..data` dir).
-pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
+pub(super) fn load(path: &Path, options: LoadOptions) -> Result<Config, ConfigError> {
     let metadata = fs::metadata(path)
         .map_err(|e| ConfigError::file(path, format!("cannot read the config: {e}")))?;
+    let mut snapshot = Snapshot::new(options);
     if metadata.is_dir() {
         let (files, skipped) = policy_files(path)?;
-        let mut snapshot = Snapshot::default();
         if files.is_empty() {
             snapshot.warn(format!(
                 "{}:1:1: warning: no policy files (*.yaml, *.yml) here; every request will be \
@@ -38,15 +38,14 @@ pub(super) fn load(path: &Path) -> Result<Config, ConfigError> {
     } else {
         let text = read_policy_file(path)?
             .ok_or_else(|| ConfigError::file(path, "cannot read the config: not found"))?;
-        let mut snapshot = Snapshot::default();
         add(&mut snapshot, path, &text)?;
-        Ok(snapshot.finish())
+        finish(snapshot)
     }
 }
 
 /// Loads every one of `files`, in order; a file that vanished since it was listed is passed over.
-pub(super) fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
-    load_into(Snapshot::default(), files)
+pub(super) fn load_files(files: &[PathBuf], options: LoadOptions) -> Result<Config, ConfigError> {
+    load_into(Snapshot::new(options), files)
 }
 
 fn load_into(mut snapshot: Snapshot<Pos>, files: &[PathBuf]) -> Result<Config, ConfigError> {
@@ -56,14 +55,21 @@ fn load_into(mut snapshot: Snapshot<Pos>, files: &[PathBuf]) -> Result<Config, C
         };
         add(&mut snapshot, file, &text)?;
     }
-    Ok(snapshot.finish())
+    finish(snapshot)
 }
 
 /// Loads one file's text; `file` names it in errors.
 pub(super) fn from_text(file: &Path, text: &str) -> Result<Config, ConfigError> {
     let mut snapshot = Snapshot::default();
     add(&mut snapshot, file, text)?;
-    Ok(snapshot.finish())
+    finish(snapshot)
+}
+
+/// The snapshot of every file added, or the error of the file it is about.
+fn finish(snapshot: Snapshot<Pos>) -> Result<Config, ConfigError> {
+    snapshot
+        .finish()
+        .map_err(|(file, finding)| finding.into_error(&file))
 }
 
 /// Reads the policy in `text` and adds it to `snapshot`.
@@ -394,6 +400,7 @@ fn rate_limit(field: Field<'_>) -> Read<RateLimitNode<Pos>> {
             })
             .transpose()?,
         failure_mode: optional_text("failure_mode")?,
+        counting: optional_text("counting")?,
     })
 }
 

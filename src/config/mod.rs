@@ -40,11 +40,21 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::descriptor::Unit;
-use crate::window::Algorithm;
+use crate::window::{Algorithm, Counting};
 
 pub use diagnostics::ConfigError;
 pub use discovery::{FileSource, RuntimeLayout};
 pub use domain::Domain;
+
+/// How a source gathers its policies into one snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Several policies (files, xDS resources) may declare the same domain; their top-level
+    /// descriptors are merged into one domain, as envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`
+    /// does. A top-level descriptor declared by two of them is an error. Off (the default): a
+    /// domain declared twice is an error.
+    pub merge_domains: bool,
+}
 
 /// What a limit answers when the backend cannot decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -94,6 +104,10 @@ pub struct Limit {
     pub algorithm: Algorithm,
     /// `rate_limit.shards` (1 when absent).
     pub shards: u16,
+    /// `rate_limit.counting`: which hits this limit records; `None` means "the `--counting`
+    /// flag" (under `tollgate serve` admitted hits only, under the `ratelimit` entry point every
+    /// hit).
+    pub counting: Option<Counting>,
     /// `rate_limit.failure_mode`; `None` means "the --failure-mode flag".
     pub failure_mode: Option<FailureMode>,
     /// `rate_limit.unlimited`.
@@ -164,7 +178,12 @@ impl Config {
     /// In a directory, names starting with `.` are skipped and symlinks are followed, which is
     /// what a Kubernetes ConfigMap mount needs (its files are symlinks into a `..data` dir).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        file::load(path)
+        file::load(path, LoadOptions::default())
+    }
+
+    /// Loads like [`Config::load`], gathering the files as `options` say.
+    pub fn load_with(path: &Path, options: LoadOptions) -> Result<Config, ConfigError> {
+        file::load(path, options)
     }
 
     /// Loads one file's text; `file` names it in errors.
@@ -250,6 +269,9 @@ fn table_row(limit: &Limit) -> [String; 5] {
     }
     if limit.shards > 1 {
         flags.push(format!("shards={}", limit.shards));
+    }
+    if let Some(counting) = limit.counting {
+        flags.push(format!("counting={counting}"));
     }
     if let Some(mode) = limit.failure_mode {
         flags.push(format!("failure_mode={}", mode.as_str()));

@@ -8,16 +8,16 @@
 //! message gets the same checks and the same snapshot.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::diagnostics::{Finding, Location};
 use super::domain::{Domain, Level, Pattern, TreeNode};
 use super::schema::{DescriptorNode, Given, Policy, RateLimitNode, ReplaceNode};
-use super::{Config, FailureMode, Limit, MetaValue};
+use super::{Config, FailureMode, Limit, LoadOptions, MetaValue};
 use crate::descriptor::Unit;
-use crate::window::Algorithm;
+use crate::window::{Algorithm, Counting};
 
 /// A request descriptor carries at most this many entries, so deeper config can never match.
 const MAX_DEPTH: usize = 32;
@@ -28,21 +28,50 @@ const MIN_HITS_PER_SHARD: u32 = 10;
 /// The longest `window`: one `year`, the longest unit.
 const MAX_WINDOW: Duration = Duration::from_secs(365 * 86_400);
 
-/// The domains of one source, gathered into a snapshot. A domain may be declared only once, so
-/// that which limits apply never depends on the order the source was read in.
+/// The domains of one source, gathered into a snapshot.
+///
+/// By default a domain may be declared only once, so that which limits apply never depends on
+/// the order the source was read in. With [`LoadOptions::merge_domains`] several policies may
+/// declare one domain, as envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG` allows: their top-level
+/// descriptors are added to the domain's top level (no deeper merge), a top-level descriptor
+/// declared twice is an error, and `replaces` may name a limit of any of them (checked once all
+/// are in, by [`Snapshot::finish`]). Neither the limits nor their matching depend on the order
+/// then, since no two policies can declare the same top-level descriptor.
 #[derive(Debug)]
 pub(super) struct Snapshot<L> {
-    /// Each domain, with where its `domain` key was written.
-    domains: HashMap<String, (Domain, L)>,
+    /// Each domain by name.
+    domains: HashMap<String, Declared<L>>,
     /// Rendered warnings, in the order they were found.
     warnings: Vec<String>,
+    options: LoadOptions,
+}
+
+/// One domain of a snapshot and where its parts were declared.
+#[derive(Debug)]
+struct Declared<L> {
+    domain: Domain,
+    /// Where the first policy declaring it wrote its `domain` key.
+    at: L,
+    /// Its top-level descriptors by `(key, value)`, with the source and node declaring each.
+    top: HashMap<(String, String), (PathBuf, L)>,
+    /// `replaces` names still to check against the whole domain (merged domains only), with the
+    /// source and node of each.
+    replaces: Vec<(String, PathBuf, L)>,
 }
 
 impl<L> Default for Snapshot<L> {
     fn default() -> Self {
+        Snapshot::new(LoadOptions::default())
+    }
+}
+
+impl<L> Snapshot<L> {
+    /// An empty snapshot gathering policies as `options` say.
+    pub fn new(options: LoadOptions) -> Self {
         Snapshot {
             domains: HashMap::new(),
             warnings: Vec::new(),
+            options,
         }
     }
 }
@@ -53,59 +82,153 @@ impl<L: Location> Snapshot<L> {
         self.warnings.push(warning);
     }
 
-    /// Checks `policy`, declared in `source`, and adds its domain.
+    /// Checks `policy`, declared in `source`, and adds its domain (or, merging, its top-level
+    /// descriptors to the domain already there).
     pub fn add(&mut self, source: &Path, policy: &Policy<L>) -> Result<(), Finding<L>> {
         let checked = check(policy)?;
         let (name, at) = checked.domain;
-        if let Some((first, first_at)) = self.domains.get(&name) {
-            return Err(Finding::new(
-                at,
-                format!(
-                    "domain `{name}` is already declared in {}:{first_at}; keep each domain in \
-                     one file",
-                    first.file().display(),
-                ),
-            ));
+        let top = checked
+            .top
+            .into_iter()
+            .map(|(key, value, at)| ((key, value), (source.to_path_buf(), at)));
+        let replaces = checked
+            .replaces
+            .into_iter()
+            .map(|(name, at)| (name, source.to_path_buf(), at));
+        match self.domains.get_mut(&name) {
+            Some(declared) if !self.options.merge_domains => {
+                return Err(Finding::new(
+                    at,
+                    format!(
+                        "domain `{name}` is already declared in {}:{}; keep each domain in one \
+                         file (or merge the files' domains with --merge-domains)",
+                        declared.domain.file().display(),
+                        declared.at,
+                    ),
+                ));
+            }
+            Some(declared) => {
+                for ((key, value), (_, node_at)) in top {
+                    if let Some((first_source, first_at)) =
+                        declared.top.get(&(key.clone(), value.clone()))
+                    {
+                        let segment = if value.is_empty() {
+                            key
+                        } else {
+                            format!("{key}_{value}")
+                        };
+                        return Err(Finding::new(
+                            node_at,
+                            format!(
+                                "duplicate descriptor `{name}.{segment}` (first in {}:{first_at}); \
+                                 merged domains may declare each top-level descriptor once",
+                                first_source.display()
+                            ),
+                        ));
+                    }
+                    declared
+                        .top
+                        .insert((key, value), (source.to_path_buf(), node_at));
+                }
+                declared.replaces.extend(replaces);
+                declared.domain.merge(checked.tree, checked.limits);
+            }
+            None => {
+                let mut replaces: Vec<(String, PathBuf, L)> = replaces.collect();
+                if !self.options.merge_domains {
+                    // One policy holds the whole domain: check its `replaces` now, so the first
+                    // error in reading order is the one reported.
+                    check_replaces(&name, &checked.limits, &replaces)
+                        .map_err(|(_, finding)| finding)?;
+                    replaces.clear();
+                }
+                let domain = Domain::new(
+                    name.clone(),
+                    source.to_path_buf(),
+                    checked.tree,
+                    checked.limits,
+                );
+                self.domains.insert(
+                    name,
+                    Declared {
+                        domain,
+                        at,
+                        top: top.collect(),
+                        replaces,
+                    },
+                );
+            }
         }
         self.warnings
             .extend(checked.warnings.iter().map(|w| w.warning(source)));
-        let domain = Domain::new(
-            name.clone(),
-            source.to_path_buf(),
-            checked.tree,
-            checked.limits,
-        );
-        self.domains.insert(name, (domain, at));
         Ok(())
     }
 
-    /// The snapshot of every domain added.
-    pub fn finish(self) -> Config {
+    /// The snapshot of every domain added; for merged domains, the first `replaces` that names
+    /// no limit of its domain is an error about its source.
+    pub fn finish(self) -> Result<Config, (PathBuf, Finding<L>)> {
+        let mut names: Vec<&String> = self.domains.keys().collect();
+        names.sort();
+        for name in names {
+            let declared = &self.domains[name];
+            check_replaces(name, declared.domain.limits(), &declared.replaces)?;
+        }
         let domains: HashMap<String, Domain> = self
             .domains
             .into_iter()
-            .map(|(name, (domain, _))| (name, domain))
+            .map(|(name, declared)| (name, declared.domain))
             .collect();
         let mut limits: Vec<Arc<Limit>> = domains
             .values()
             .flat_map(|d| d.limits().iter().cloned())
             .collect();
         limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
-        Config {
+        Ok(Config {
             domains,
             limits,
             warnings: self.warnings,
             skipped: Vec::new(),
-        }
+        })
     }
 }
 
-/// One policy, checked: its domain's name (and where it was written), tree, limits and warnings.
+/// One policy, checked: its domain's name (and where it was written), tree, limits, top-level
+/// descriptors, `replaces` names (to be checked against the domain) and warnings.
 struct Checked<L> {
     domain: (String, L),
     tree: Level,
     limits: Vec<Arc<Limit>>,
+    top: Vec<(String, String, L)>,
+    replaces: Vec<(String, L)>,
     warnings: Vec<Finding<L>>,
+}
+
+/// Every `replaces` must name a limit of its domain (so a typo does not silently replace
+/// nothing); the error names the source of the first that does not.
+fn check_replaces<L: Location>(
+    domain: &str,
+    limits: &[Arc<Limit>],
+    replaces: &[(String, PathBuf, L)],
+) -> Result<(), (PathBuf, Finding<L>)> {
+    let names: HashSet<&str> = limits
+        .iter()
+        .filter_map(|limit| limit.name.as_deref())
+        .collect();
+    for (name, source, at) in replaces {
+        if !names.contains(name.as_str()) {
+            return Err((
+                source.clone(),
+                Finding::new(
+                    at.clone(),
+                    format!(
+                        "`replaces` names `{name}`, but no limit in domain `{domain}` has \
+                         `name: {name}`; fix the name or add it to the limit to replace"
+                    ),
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks one policy and builds its domain's tree.
@@ -126,30 +249,42 @@ fn check<L: Location>(policy: &Policy<L>) -> Result<Checked<L>, Finding<L>> {
         Some(domain) => domain,
     };
     let mut checker = Checker {
-        domain: &domain.value,
         limits: Vec::new(),
         warnings: Vec::new(),
         replaces: Vec::new(),
     };
     let mut tree = Level::new();
+    let mut top = Vec::new();
     if let Some(descriptors) = &policy.descriptors {
         checker.descriptors(descriptors, &domain.value, 1, &mut tree)?;
+        top = descriptors
+            .value
+            .iter()
+            .filter_map(|node| {
+                let key = node.key.as_ref()?;
+                Some((key.value.clone(), node.value.clone(), node.at.clone()))
+            })
+            .collect();
     }
-    checker.check_replaces()?;
     Ok(Checked {
         domain: (domain.value.clone(), domain.at.clone()),
         tree,
         limits: checker.limits,
+        top,
+        replaces: checker
+            .replaces
+            .into_iter()
+            .map(|(name, at)| (name.to_string(), at))
+            .collect(),
         warnings: checker.warnings,
     })
 }
 
 /// What checking one policy gathers on its way down the tree.
 struct Checker<'p, L> {
-    domain: &'p str,
     limits: Vec<Arc<Limit>>,
     warnings: Vec<Finding<L>>,
-    /// Every `replaces` name, checked against the domain's limit names at the end.
+    /// Every `replaces` name, checked against the domain's limit names once the domain is whole.
     replaces: Vec<(&'p str, L)>,
 }
 
@@ -302,6 +437,19 @@ impl<'p, L: Location> Checker<'p, L> {
             })?),
             None => None,
         };
+        let counting = match &fields.counting {
+            Some(counting) => Some(Counting::parse(&counting.value).ok_or_else(|| {
+                Finding::new(
+                    counting.at.clone(),
+                    format!(
+                        "unknown counting `{}`; write admitted (refused hits are not charged) \
+                         or all (every hit is charged, as envoyproxy/ratelimit counts)",
+                        counting.value
+                    ),
+                )
+            })?),
+            None => None,
+        };
 
         let (unit, window_ms, requests_per_unit) = if unlimited {
             if let Some((unit, _)) = unit {
@@ -378,6 +526,7 @@ impl<'p, L: Location> Checker<'p, L> {
             window_ms,
             algorithm,
             shards,
+            counting,
             failure_mode,
             unlimited,
             shadow_mode: node.shadow_mode,
@@ -416,29 +565,6 @@ impl<'p, L: Location> Checker<'p, L> {
             names.push(name.to_string());
         }
         Ok(names)
-    }
-
-    /// Every `replaces` must name a limit of this domain (so a typo does not silently replace
-    /// nothing).
-    fn check_replaces(&self) -> Result<(), Finding<L>> {
-        let names: HashSet<&str> = self
-            .limits
-            .iter()
-            .filter_map(|limit| limit.name.as_deref())
-            .collect();
-        for (name, at) in &self.replaces {
-            if !names.contains(name) {
-                return Err(Finding::new(
-                    at.clone(),
-                    format!(
-                        "`replaces` names `{name}`, but no limit in domain `{}` has \
-                         `name: {name}`; fix the name or add it to the limit to replace",
-                        self.domain
-                    ),
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -515,6 +641,7 @@ mod tests {
             window: None,
             shards: None,
             failure_mode: None,
+            counting: None,
         };
         DescriptorNode {
             at: FieldPath(path),
@@ -544,7 +671,7 @@ mod tests {
         let mut snapshot = Snapshot::default();
         let tree = policy(vec![node("config.descriptors[0]", "user", "alice", 5)]);
         snapshot.add(Path::new("edge-resource"), &tree).unwrap();
-        let config = snapshot.finish();
+        let config = snapshot.finish().unwrap();
         let domain = config.domain("edge").unwrap();
         assert_eq!(domain.file(), Path::new("edge-resource"));
         let matched = domain.resolve(&[Entry::new("user", "alice")]).unwrap();

@@ -92,6 +92,9 @@ pub(super) struct RateLimitNode<L> {
     pub shards: Option<Given<u16, L>>,
     /// `failure_mode` (string: allow, deny). tollgate's extension.
     pub failure_mode: Option<Given<String, L>>,
+    /// `counting` (string: admitted, all): whether refused hits are charged too. tollgate's
+    /// extension.
+    pub counting: Option<Given<String, L>>,
 }
 
 /// One item of a `replaces` list.
@@ -151,6 +154,7 @@ impl Place {
                 "window",
                 "shards",
                 "failure_mode",
+                "counting",
             ],
             Place::Replaces => &["name"],
         }

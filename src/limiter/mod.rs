@@ -8,12 +8,23 @@
 //!    `limit` override) and the counter it charges ([`limiter_key`]);
 //! 3. `Limiter::plan`: `replaces` and `unlimited` applied, one backend [`Hit`] per limit left;
 //! 4. one [`Backend::acquire`] call for all hits;
-//! 5. `Limiter::finish`: statuses, the overall code, `retry-after`, metadata, and a
+//! 5. `Limiter::finish`: statuses, the overall code, `retry-after`, dynamic metadata, and a
 //!    [`Backend::release`] of what a rejected request took.
 //!
-//! Rejected requests consume nothing: a descriptor that is over does not count its hit (the
-//! backend only records admitted hits), and when the request as a whole is over, the hits the
-//! other descriptors took are released again.
+//! What a rejected request leaves behind depends on each limit's [`Counting`] (its own
+//! `counting`, else [`Settings::counting`]):
+//! - [`Counting::Admitted`] (tollgate's default): rejected requests consume nothing. A descriptor
+//!   that is over does not count its hit, and when the request as a whole is over, the hits the
+//!   other descriptors took are released again, and their statuses report what is left after
+//!   that.
+//! - [`Counting::All`] (envoyproxy/ratelimit's counting): every hit is charged, a refused one
+//!   included, and nothing is given back. This is what keeps a token quota honest: Envoy debits
+//!   the tokens a response spent with an ordinary call after the response, and ignores the
+//!   answer, so a debit larger than what is left must still be charged.
+//!
+//! Either way a hit is admitted only when it fits (`used + c <= limit`), so no window ever admits
+//! more than its limit, and a check (`hits_addend: 0`) consumes nothing and is refused only when
+//! usage is above the limit.
 //!
 //! [`Domain::resolve`]: crate::config::Domain::resolve
 
@@ -25,8 +36,8 @@ use arc_swap::ArcSwap;
 
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
-use crate::descriptor::{Descriptor, Entry, Request};
-use crate::window::{self, Algorithm, Cost};
+use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
+use crate::window::{self, Algorithm, Cost, Counting};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -51,9 +62,11 @@ pub struct Status {
     pub code: Code,
     /// The limit that applied; `None` when none did (no match, allow-list, replaced, unlimited).
     pub limit: Option<Arc<Limit>>,
-    /// What is left of the limit: `floor(limit - used)` after this hit when it was admitted; when
-    /// it was refused, what a smaller hit could still use (the refused hit is not counted), 0 when
-    /// the limit is full. `u32::MAX` for unlimited, 0 when no limit applied.
+    /// What is left of the limit: `floor(limit - used)` after this hit when it was admitted (and
+    /// after it was given back, when another descriptor rejected the request under
+    /// [`Counting::Admitted`]); when it was refused, what a smaller hit could still use under
+    /// [`Counting::Admitted`] (the refused hit is not counted), 0 under [`Counting::All`] (it is).
+    /// `u32::MAX` for unlimited, 0 when no limit applied.
     pub remaining: u32,
     /// Whole seconds until the quota is whole again (OK) or until the hit would fit (over).
     pub reset: Option<Duration>,
@@ -68,8 +81,11 @@ pub struct Decision {
     pub statuses: Vec<Status>,
     /// Headers for Envoy to add to the downstream response (e.g. `retry-after`).
     pub response_headers: Vec<(String, String)>,
-    /// The merged `metadata` of the config nodes of the descriptors that passed, if any.
-    pub metadata: Option<MetaValue>,
+    /// With [`Settings::response_dynamic_metadata`], the response's dynamic metadata, shaped as
+    /// envoyproxy/ratelimit shapes it: `{domain, descriptors: [{entries: ["k=v"], limit?,
+    /// hitsAddend?}], hitsAddend?, metadata?}`, where `metadata` merges the `metadata` of the
+    /// limits of the descriptors that passed (first writer wins per key, maps merged).
+    pub dynamic_metadata: Option<MetaValue>,
 }
 
 /// Why a request could not be decided at all.
@@ -89,6 +105,17 @@ pub struct Settings {
     pub shadow_mode: bool,
     /// Add `retry-after` to OVER_LIMIT responses.
     pub retry_after_header: bool,
+    /// Which hits a limit without its own `counting` records. `tollgate serve` defaults to
+    /// [`Counting::Admitted`]; the `ratelimit` entry point to [`Counting::All`], which is
+    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`.
+    pub counting: Counting,
+    /// Every descriptor counts as a quota descriptor (envoyproxy/ratelimit's `QUOTA_MODE`): a
+    /// request is rejected only when every descriptor that is not unlimited is over (one without
+    /// a limit never is).
+    pub quota_mode: bool,
+    /// Return dynamic metadata in every response (envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA`); see [`Decision::dynamic_metadata`].
+    pub response_dynamic_metadata: bool,
 }
 
 impl Default for Settings {
@@ -97,6 +124,9 @@ impl Default for Settings {
             failure_mode: FailureMode::Allow,
             shadow_mode: false,
             retry_after_header: true,
+            counting: Counting::Admitted,
+            quota_mode: false,
+            response_dynamic_metadata: false,
         }
     }
 }
@@ -142,8 +172,12 @@ enum Plan {
     Free,
     /// An `unlimited` limit applies.
     Unlimited,
-    /// A limit to charge; `hit` indexes the request's hits.
-    Limited { limit: Arc<Limit>, hit: usize },
+    /// A limit to charge; `hit` indexes the request's hits, `counting` is the limit's in force.
+    Limited {
+        limit: Arc<Limit>,
+        hit: usize,
+        counting: Counting,
+    },
 }
 
 impl<B: Backend> Limiter<B> {
@@ -193,7 +227,7 @@ impl<B: Backend> Limiter<B> {
         let mut metadata_sources: Vec<(usize, &MetaValue)> = Vec::new();
         let resolved = Self::resolve(&config, request, &mut metadata_sources);
         let mut hits = Vec::new();
-        let plans = Self::plan(request, resolved, &mut hits);
+        let plans = self.plan(request, resolved, &mut hits);
         let results = if hits.is_empty() {
             Vec::new()
         } else {
@@ -256,7 +290,12 @@ impl<B: Backend> Limiter<B> {
     }
 
     /// Applies `replaces` and `unlimited`, and turns the remaining limits into backend hits.
-    fn plan(request: &Request, mut resolved: Vec<Resolved>, hits: &mut Vec<Hit>) -> Vec<Plan> {
+    fn plan(
+        &self,
+        request: &Request,
+        mut resolved: Vec<Resolved>,
+        hits: &mut Vec<Hit>,
+    ) -> Vec<Plan> {
         let mut plans = Vec::with_capacity(resolved.len());
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let Some((limit, _)) = resolved.get(index) else {
@@ -268,6 +307,7 @@ impl<B: Backend> Limiter<B> {
                 Some(limit) if is_replaced(limit, &resolved) => Plan::Free,
                 Some(limit) => {
                     let limit = Arc::clone(limit);
+                    let counting = limit.counting.unwrap_or(self.settings.counting);
                     hits.push(Hit {
                         // The key was built for this hit alone: move it rather than copy it.
                         key: resolved
@@ -278,11 +318,13 @@ impl<B: Backend> Limiter<B> {
                         limit: u64::from(limit.requests_per_unit),
                         window_ms: limit.window_ms,
                         cost: cost_of(request, descriptor),
+                        counting,
                         shards: limit.shards,
                     });
                     Plan::Limited {
                         limit,
                         hit: hits.len() - 1,
+                        counting,
                     }
                 }
             };
@@ -291,40 +333,45 @@ impl<B: Backend> Limiter<B> {
         plans
     }
 
-    /// Combines the verdicts into statuses and the overall code, releasing the charges of a
-    /// rejected request.
+    /// Combines the verdicts into statuses and the overall code, releasing the charges a rejected
+    /// request took from limits that count admitted hits only.
     async fn finish(
         &self,
         request: &Request,
         plans: Vec<Plan>,
-        results: Vec<Result<Outcome, BackendError>>,
+        mut results: Vec<Result<Outcome, BackendError>>,
         metadata_sources: Vec<(usize, &MetaValue)>,
     ) -> Decision {
         let mut statuses = Vec::with_capacity(plans.len());
-        let mut charged = 0usize;
         let mut rate_limits_over = 0usize;
         let (mut quota_total, mut quota_over) = (0usize, 0usize);
         let mut retry_after: Option<u64> = None;
 
-        for plan in plans {
+        for plan in &plans {
             let status = match plan {
-                Plan::Free => Status {
-                    code: Code::Ok,
-                    limit: None,
-                    remaining: 0,
-                    reset: None,
-                },
+                Plan::Free => {
+                    // Under global quota mode a descriptor without a limit is a quota descriptor
+                    // that always passes, as in envoyproxy/ratelimit.
+                    if self.settings.quota_mode {
+                        quota_total += 1;
+                    }
+                    Status {
+                        code: Code::Ok,
+                        limit: None,
+                        remaining: 0,
+                        reset: None,
+                    }
+                }
                 Plan::Unlimited => Status {
                     code: Code::Ok,
                     limit: None,
                     remaining: u32::MAX,
                     reset: None,
                 },
-                Plan::Limited { limit, hit } => {
-                    charged += 1;
+                Plan::Limited { limit, hit, .. } => {
                     // Read in place: the receipts stay in `results` until a rejection needs them.
                     // A missing result (a backend answering fewer hits than asked) is a failure.
-                    let (mut code, remaining, reset_ms) = match results.get(hit) {
+                    let (mut code, remaining, reset_ms) = match results.get(*hit) {
                         Some(Ok(outcome)) => {
                             let verdict = outcome.verdict;
                             let code = if verdict.admitted {
@@ -347,11 +394,12 @@ impl<B: Backend> Limiter<B> {
                     if code == Code::OverLimit && limit.shadow_mode {
                         code = Code::Ok;
                     }
-                    if limit.quota_mode {
+                    let quota = self.settings.quota_mode || limit.quota_mode;
+                    if quota {
                         quota_total += 1;
                     }
                     if code == Code::OverLimit {
-                        if limit.quota_mode {
+                        if quota {
                             quota_over += 1;
                         } else {
                             rate_limits_over += 1;
@@ -361,7 +409,7 @@ impl<B: Backend> Limiter<B> {
                     }
                     Status {
                         code,
-                        limit: Some(limit),
+                        limit: Some(Arc::clone(limit)),
                         remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                         reset: Some(Duration::from_secs(window::reset_seconds(reset_ms))),
                     }
@@ -373,16 +421,37 @@ impl<B: Backend> Limiter<B> {
         // As in envoyproxy/ratelimit: any plain limit over, or every quota limit over.
         let rejected = rate_limits_over > 0 || (quota_total > 0 && quota_total == quota_over);
         if rejected {
-            // One result per hit asked; anything a backend answered beyond that is ignored.
-            let receipts: Vec<Receipt> = results
-                .into_iter()
-                .take(charged)
-                .filter_map(|result| result.ok().and_then(|outcome| outcome.receipt))
+            // The charges of limits that count admitted hits only go back; each by its status.
+            let receipts: Vec<(usize, Receipt)> = plans
+                .iter()
+                .enumerate()
+                .filter_map(|(status, plan)| match plan {
+                    Plan::Limited {
+                        hit,
+                        counting: Counting::Admitted,
+                        ..
+                    } => {
+                        let outcome = results.get_mut(*hit)?.as_mut().ok()?;
+                        Some((status, outcome.receipt.take()?))
+                    }
+                    _ => None,
+                })
                 .collect();
             if !receipts.is_empty() {
+                let given_back: Vec<Receipt> = receipts
+                    .iter()
+                    .map(|(_, receipt)| receipt.clone())
+                    .collect();
                 // Failing to give back only errs on the strict side (fewer admissions later);
-                // the backend logs it.
-                let _ = self.backend.release(&receipts).await;
+                // the backend logs it, and the statuses keep what was true before.
+                if self.backend.release(&given_back).await.is_ok() {
+                    for (status, receipt) in receipts {
+                        if let Some(status) = statuses.get_mut(status) {
+                            status.remaining =
+                                u32::try_from(receipt.released_remaining).unwrap_or(u32::MAX);
+                        }
+                    }
+                }
             }
         }
 
@@ -409,12 +478,24 @@ impl<B: Backend> Limiter<B> {
                 (names.reset.clone(), reset.to_string()),
             ]);
         }
-        let metadata = merge_metadata(request, &statuses, metadata_sources);
+        let dynamic_metadata = self.settings.response_dynamic_metadata.then(|| {
+            // A descriptor passed when a limit of the config applied and it is not over; a
+            // replaced or unlimited limit contributes nothing, as in envoyproxy/ratelimit.
+            let passed = |index: usize| {
+                matches!(plans.get(index), Some(Plan::Limited { .. }))
+                    && statuses.get(index).is_some_and(|s| s.code == Code::Ok)
+            };
+            let sources = metadata_sources
+                .into_iter()
+                .filter(|(index, _)| passed(*index))
+                .map(|(_, meta)| meta);
+            dynamic_metadata(request, merge_metadata(sources))
+        });
         Decision {
             overall,
             statuses,
             response_headers,
-            metadata,
+            dynamic_metadata,
         }
     }
 }
@@ -461,10 +542,9 @@ fn validate(request: &Request) -> Result<(), LimiterError> {
             request.descriptors.len()
         ));
     }
+    // A descriptor with no entries is valid: it matches nothing (unless it carries its own
+    // `limit`), as envoyproxy/ratelimit answers it.
     for (d, descriptor) in request.descriptors.iter().enumerate() {
-        if descriptor.entries.is_empty() {
-            return invalid(format!("descriptor {d} has no entries"));
-        }
         if descriptor.entries.len() > MAX_ENTRIES {
             return invalid(format!(
                 "descriptor {d} has {} entries; at most {MAX_ENTRIES} are allowed",
@@ -530,6 +610,7 @@ fn override_limit(domain: &str, descriptor: &Descriptor) -> Option<Arc<Limit>> {
         window_ms: unit.millis(),
         algorithm: Algorithm::default(),
         shards: 1,
+        counting: None,
         failure_mode: None,
         unlimited: false,
         shadow_mode: false,
@@ -540,31 +621,17 @@ fn override_limit(domain: &str, descriptor: &Descriptor) -> Option<Arc<Limit>> {
     }))
 }
 
-/// Merges the metadata of the descriptors that passed, first writer wins per key (maps merge
-/// recursively), as envoyproxy/ratelimit does.
-fn merge_metadata(
-    request: &Request,
-    statuses: &[Status],
-    sources: Vec<(usize, &MetaValue)>,
-) -> Option<MetaValue> {
-    if sources.is_empty() {
-        return None;
-    }
+/// Merges the metadata of the limits of the descriptors that passed, in request order: the first
+/// writer wins per key, maps merge recursively, as envoyproxy/ratelimit does. `None` when there is
+/// nothing to merge.
+fn merge_metadata<'m>(sources: impl IntoIterator<Item = &'m MetaValue>) -> Option<MetaValue> {
     let mut merged = MetaValue::Map(Vec::new());
-    for (index, value) in sources {
-        if statuses.get(index).is_some_and(|s| s.code == Code::Ok) {
-            merge_into(&mut merged, value);
-        }
+    for value in sources {
+        merge_into(&mut merged, value);
     }
     match &merged {
         MetaValue::Map(fields) if fields.is_empty() => None,
-        _ => Some(MetaValue::Map(vec![
-            (
-                "domain".to_string(),
-                MetaValue::String(request.domain.clone()),
-            ),
-            ("metadata".to_string(), merged),
-        ])),
+        _ => Some(merged),
     }
 }
 
@@ -578,6 +645,64 @@ fn merge_into(dest: &mut MetaValue, src: &MetaValue) {
             None => dest_fields.push((key.clone(), value.clone())),
         }
     }
+}
+
+/// The dynamic metadata of a response, in the shape envoyproxy/ratelimit gives it, so that
+/// Envoy configs reading `envoy.filters.http.ratelimit` metadata work unchanged: the domain;
+/// every descriptor's entries as `key=value` strings, its `limit` override in protobuf text form
+/// and its own `hitsAddend` when it has them; the request's `hitsAddend` when not 0; and the
+/// merged `metadata` when there is any.
+fn dynamic_metadata(request: &Request, metadata: Option<MetaValue>) -> MetaValue {
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|entry| MetaValue::String(format!("{}={}", entry.key, entry.value)))
+                .collect();
+            let mut fields = vec![("entries".to_string(), MetaValue::List(entries))];
+            if let Some(limit) = &descriptor.limit {
+                fields.push(("limit".to_string(), MetaValue::String(override_text(limit))));
+            }
+            if let Some(hits) = descriptor.hits_addend {
+                // A Struct number is a double, as in the reference.
+                fields.push(("hitsAddend".to_string(), MetaValue::Number(hits as f64)));
+            }
+            MetaValue::Map(fields)
+        })
+        .collect();
+    let mut fields = vec![
+        (
+            "domain".to_string(),
+            MetaValue::String(request.domain.clone()),
+        ),
+        ("descriptors".to_string(), MetaValue::List(descriptors)),
+    ];
+    if request.hits_addend != 0 {
+        fields.push((
+            "hitsAddend".to_string(),
+            MetaValue::Number(f64::from(request.hits_addend)),
+        ));
+    }
+    if let Some(metadata) = metadata {
+        fields.push(("metadata".to_string(), metadata));
+    }
+    MetaValue::Map(fields)
+}
+
+/// A descriptor's `limit` override in protobuf text form, as the reference writes it:
+/// `requests_per_unit:10 unit:DAY`, fields at their zero value left out.
+fn override_text(limit: &LimitOverride) -> String {
+    let mut parts = Vec::with_capacity(2);
+    if limit.requests_per_unit != 0 {
+        parts.push(format!("requests_per_unit:{}", limit.requests_per_unit));
+    }
+    if let Some(unit) = limit.unit {
+        parts.push(format!("unit:{}", unit.as_str().to_ascii_uppercase()));
+    }
+    parts.join(" ")
 }
 
 /// Builds the identity of the counter for `entries` of `domain` under one algorithm and window:

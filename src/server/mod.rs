@@ -21,8 +21,8 @@ use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
-use crate::config::FileSource;
 use crate::config::xds::{ExtensionDefaults, XdsOptions};
+use crate::config::{FileSource, LoadOptions};
 use crate::limiter::Limiter;
 use crate::proto;
 pub use health::{Health, Readiness};
@@ -144,6 +144,9 @@ pub enum Policies {
 pub struct ServeOptions {
     /// Where policy updates come from.
     pub policies: Policies,
+    /// How policies are gathered into a snapshot, at every reload and every xDS push (domains
+    /// merged or not).
+    pub load_options: LoadOptions,
     /// How often the policy files (and TLS files) are checked for changes.
     pub reload_interval: Duration,
     /// How long a shutdown waits for calls and streams in flight before cutting them.
@@ -166,6 +169,7 @@ impl ServeOptions {
     pub fn files(config_path: PathBuf) -> ServeOptions {
         ServeOptions {
             policies: Policies::Files(FileSource::Path(config_path)),
+            load_options: LoadOptions::default(),
             reload_interval: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(10),
             tls: None,
@@ -295,6 +299,7 @@ pub async fn serve<B: Backend>(
             Arc::clone(&limiter),
             Arc::clone(&health),
             source.clone(),
+            options.load_options,
             options.reload_interval,
         ))),
         Policies::Xds {
@@ -304,6 +309,7 @@ pub async fn serve<B: Backend>(
             Arc::clone(&app),
             (**xds).clone(),
             *defaults,
+            options.load_options,
         ))),
     }
     if let Some(tls) = &options.tls {

@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use super::Health;
 use crate::backend::Backend;
-use crate::config::FileSource;
+use crate::config::{FileSource, LoadOptions};
 use crate::limiter::Limiter;
 
 /// Watches `source` forever, swapping a freshly loaded config into `limiter` when its files
-/// change (and telling `health` how many domains it has).
+/// change (gathered as `options` say; and telling `health` how many domains it has).
 pub async fn watch<B: Backend>(
     limiter: Arc<Limiter<B>>,
     health: Arc<Health>,
     source: FileSource,
+    options: LoadOptions,
     interval: Duration,
 ) {
     let mut last_seen = source.fingerprint();
@@ -32,15 +33,16 @@ pub async fn watch<B: Backend>(
             continue;
         }
         last_seen = current;
-        if reload(&limiter, &source) {
+        if reload(&limiter, &source, options) {
             health.policies_loaded(limiter.config().len()).await;
         }
     }
 }
 
-/// Loads `source` and installs it; on failure keeps the config in force. Returns whether it took.
-pub fn reload<B: Backend>(limiter: &Limiter<B>, source: &FileSource) -> bool {
-    match source.load() {
+/// Loads `source` (gathered as `options` say) and installs it; on failure keeps the config in
+/// force. Returns whether it took.
+pub fn reload<B: Backend>(limiter: &Limiter<B>, source: &FileSource, options: LoadOptions) -> bool {
+    match source.load_with(options) {
         Ok(config) => {
             for warning in config.warnings() {
                 tracing::warn!("{warning}");

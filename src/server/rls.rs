@@ -188,10 +188,12 @@ pub fn response_to_proto(decision: Decision) -> RateLimitResponse {
                 raw_value: Vec::new(),
             })
             .collect(),
-        dynamic_metadata: decision.metadata.and_then(|m| match meta_to_proto(m).kind {
-            Some(Kind::StructValue(s)) => Some(s),
-            _ => None,
-        }),
+        dynamic_metadata: decision
+            .dynamic_metadata
+            .and_then(|m| match meta_to_proto(m).kind {
+                Some(Kind::StructValue(s)) => Some(s),
+                _ => None,
+            }),
         ..RateLimitResponse::default()
     }
 }

@@ -6,10 +6,16 @@ use std::sync::Arc;
 
 use super::App;
 use crate::backend::Backend;
+use crate::config::LoadOptions;
 use crate::config::xds::{Accepted, Events, ExtensionDefaults, Rejected, XdsClient, XdsOptions};
 
 /// Runs the ADS client for `app` until the task is dropped.
-pub async fn run<B: Backend>(app: Arc<App<B>>, options: XdsOptions, defaults: ExtensionDefaults) {
+pub async fn run<B: Backend>(
+    app: Arc<App<B>>,
+    options: XdsOptions,
+    defaults: ExtensionDefaults,
+    load_options: LoadOptions,
+) {
     let feed = Feed {
         app,
         server: options.server_url.clone(),
@@ -18,7 +24,9 @@ pub async fn run<B: Backend>(app: Arc<App<B>>, options: XdsOptions, defaults: Ex
     feed.app
         .origin
         .set(vec![feed.origin("waiting for the first push")]);
-    XdsClient::new(options, defaults).run(feed).await;
+    XdsClient::new(options, defaults, load_options)
+        .run(feed)
+        .await;
 }
 
 /// Where the client's reports go.

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate::backend::{Backend, Hit, Outcome};
-use tollgate::window::{Algorithm, Cost};
+use tollgate::window::{Algorithm, Cost, Counting};
 
 /// Both algorithms, for cases that hold for each.
 pub const ALGORITHMS: [Algorithm; 2] =
@@ -15,7 +15,10 @@ pub fn fresh_key(name: &str) -> String {
     format!("{name}|{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// An unsharded hit.
+/// Both counting modes, for cases that hold for each.
+pub const COUNTINGS: [Counting; 2] = [Counting::Admitted, Counting::All];
+
+/// An unsharded hit that records admitted hits only.
 pub fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Cost) -> Hit {
     Hit {
         key: key.to_owned(),
@@ -23,8 +26,14 @@ pub fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Co
         limit,
         window_ms,
         cost,
+        counting: Counting::Admitted,
         shards: 1,
     }
+}
+
+/// The same hit, recording refused hits too when `counting` is [`Counting::All`].
+pub fn counted(hit: Hit, counting: Counting) -> Hit {
+    Hit { counting, ..hit }
 }
 
 /// The outcome of one hit, which must be decided.

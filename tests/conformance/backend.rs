@@ -7,15 +7,16 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::backend::{Backend, Outcome};
-use tollgate::window::{self, Algorithm, Cost, Verdict};
+use tollgate::window::{self, Algorithm, Cost, Counting, Verdict};
 use tollgate_testkit::cases;
-use tollgate_testkit::hits::{ALGORITHMS, assert_admitted, fresh_key, hit, one};
+use tollgate_testkit::hits::{ALGORITHMS, assert_admitted, counted, fresh_key, hit, one};
 use tollgate_testkit::target::Target;
 
 cases! {
     admits_up_to_the_limit: exact;
     weighted_costs: exact;
     check_only_hits_consume_nothing: exact;
+    refused_hits_are_charged_where_every_hit_counts: exact;
     cost_above_the_limit_never_fits: exact;
     release_restores_the_quota: exact;
     several_limiters_in_one_call: exact;
@@ -79,7 +80,16 @@ async fn admits_up_to_the_limit(t: &Target) {
             // curr = 5 must slide out of the next window far enough for one more unit
             Algorithm::SlidingWindowCounter => {
                 let expected = |now: u64| {
-                    window::counter_decide(5, LONG_WINDOW_MS, now, 0, 5, Cost::Consume(1)).reset_ms
+                    window::counter_decide(
+                        5,
+                        LONG_WINDOW_MS,
+                        now,
+                        0,
+                        5,
+                        Cost::Consume(1),
+                        Counting::Admitted,
+                    )
+                    .reset_ms
                 };
                 (expected(after + 1000), expected(before - 1000))
             }
@@ -130,9 +140,64 @@ async fn check_only_hits_consume_nothing(t: &Target) {
         assert_admitted(&half, true, 1);
         assert!(half.verdict.reset_ms > 0, "{half:?}");
         assert!(one(&backend, &at(Cost::Consume(1))).await.verdict.admitted);
+        // Full is not over: a check is refused only when usage is above the limit.
         let full = one(&backend, &at(Cost::CheckOnly)).await;
-        assert_admitted(&full, false, 0);
+        assert_admitted(&full, true, 0);
         assert!(full.verdict.reset_ms > 0);
+        let over = one(
+            &backend,
+            &hit(&key, algorithm, 1, LONG_WINDOW_MS, Cost::CheckOnly),
+        )
+        .await;
+        assert_admitted(&over, false, 0);
+        assert!(over.verdict.reset_ms > 0);
+        assert_eq!(over.receipt, None);
+    }
+}
+
+/// Where every hit counts, a refused hit is charged too (without a receipt: nothing gives it
+/// back), usage goes above the limit, and checks are refused until it slides out; a debit of
+/// any size, u64::MAX included, is charged without overflow.
+async fn refused_hits_are_charged_where_every_hit_counts(t: &Target) {
+    let backend = t.backend().await;
+    for algorithm in ALGORITHMS {
+        let key = fresh_key("count-all");
+        let at = |cost| {
+            counted(
+                hit(&key, algorithm, 10, LONG_WINDOW_MS, cost),
+                Counting::All,
+            )
+        };
+        assert_admitted(&one(&backend, &at(Cost::Consume(9))).await, true, 1);
+        let debit = one(&backend, &at(Cost::Consume(5))).await;
+        assert_admitted(&debit, false, 0);
+        assert_eq!(debit.receipt, None);
+        let check = one(&backend, &at(Cost::CheckOnly)).await;
+        assert_admitted(&check, false, 0);
+        // The same refusal recording nothing leaves the count where it was: 14 of 10.
+        let lenient = one(
+            &backend,
+            &hit(&key, algorithm, 10, LONG_WINDOW_MS, Cost::Consume(1)),
+        )
+        .await;
+        assert_admitted(&lenient, false, 0);
+        // Over the limit by any amount, with no overflow.
+        for cost in [u64::MAX, u64::MAX - 1, 1 << 53] {
+            let huge = one(&backend, &at(Cost::Consume(cost))).await;
+            assert_admitted(&huge, false, 0);
+            assert!(huge.verdict.reset_ms > 0, "{huge:?}");
+        }
+        // A limit of 0 answers checks OK until something is charged to it.
+        let zero_key = fresh_key("count-all-zero");
+        let zero = |cost| counted(hit(&zero_key, algorithm, 0, HOUR_MS, cost), Counting::All);
+        assert_admitted(&one(&backend, &zero(Cost::CheckOnly)).await, true, 0);
+        assert_verdict(
+            &one(&backend, &zero(Cost::Consume(1))).await,
+            false,
+            0,
+            (HOUR_MS, HOUR_MS),
+        );
+        assert_admitted(&one(&backend, &zero(Cost::CheckOnly)).await, false, 0);
     }
 }
 
@@ -150,12 +215,21 @@ async fn cost_above_the_limit_never_fits(t: &Target) {
         }
         // nothing was consumed by the refusals
         assert_admitted(&one(&backend, &at(3, Cost::Consume(3))).await, true, 0);
-        // a limit of 0 refuses everything, checks included, for a full window
+        // a limit of 0 refuses every charge for a full window; nothing is above it, so a check
+        // passes
         let zero_key = fresh_key("zero");
-        for cost in [Cost::CheckOnly, Cost::Consume(1)] {
-            let refused = one(&backend, &hit(&zero_key, algorithm, 0, HOUR_MS, cost)).await;
-            assert_verdict(&refused, false, 0, (HOUR_MS, HOUR_MS));
-        }
+        let refused = one(
+            &backend,
+            &hit(&zero_key, algorithm, 0, HOUR_MS, Cost::Consume(1)),
+        )
+        .await;
+        assert_verdict(&refused, false, 0, (HOUR_MS, HOUR_MS));
+        let check = one(
+            &backend,
+            &hit(&zero_key, algorithm, 0, HOUR_MS, Cost::CheckOnly),
+        )
+        .await;
+        assert_verdict(&check, true, 0, (0, 0));
         let huge_key = fresh_key("huge");
         let limit = (1 << 53) - 1;
         let huge = |cost| hit(&huge_key, algorithm, limit, LONG_WINDOW_MS, cost);

@@ -15,9 +15,10 @@
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use tollgate::config::{Config, FailureMode};
+use tollgate::config::{Config, FailureMode, MetaValue};
 use tollgate::descriptor::{LimitOverride, Request, Unit};
 use tollgate::limiter::{Code, Decision, Limiter, LimiterError, Settings, Status};
+use tollgate::window::Counting;
 use tollgate_testkit::cases;
 use tollgate_testkit::requests::{descriptor as d, with_addend};
 use tollgate_testkit::target::Target;
@@ -45,6 +46,12 @@ cases! {
     quota_descriptors_reject_only_when_all_are_over: every;
     descriptor_limit_override_applies_to_any_descriptor: every;
     invalid_requests_are_refused_and_count_nothing: every;
+    token_quota_debits_are_charged_where_every_hit_counts: exact;
+    counting_is_chosen_per_limit_over_the_flag: exact;
+    counting_all_never_admits_more_than_the_limit: every;
+    descriptor_without_entries_is_ok_without_a_limit: every;
+    global_quota_mode_rejects_only_when_every_descriptor_is_over: every;
+    dynamic_metadata_only_when_asked_in_the_reference_shape: every;
     unreachable_backend_answers_each_failure_mode:
         [redis, redis_cluster, sharded_redis, sharded_redis_cluster];
     backend_outage_then_recovery: [redis, redis_cluster];
@@ -72,6 +79,10 @@ descriptors:
     rate_limit: { unit: second, requests_per_unit: 0 }
   - key: zero_log
     rate_limit: { unit: second, requests_per_unit: 0, algorithm: sliding_window_log }
+  - key: zero_day
+    rate_limit: { unit: day, requests_per_unit: 0 }
+  - key: zero_day_log
+    rate_limit: { unit: day, requests_per_unit: 0, algorithm: sliding_window_log }
   - key: free
     rate_limit: { unlimited: true }
   - key: allow
@@ -104,6 +115,18 @@ descriptors:
     rate_limit: { unit: hour, requests_per_unit: 5, failure_mode: allow }
   - key: fail_deny
     rate_limit: { unit: hour, requests_per_unit: 5, failure_mode: deny }
+  - key: tokens
+    rate_limit: { unit: day, requests_per_unit: 1000, counting: all }
+  - key: tokens_log
+    rate_limit: { unit: day, requests_per_unit: 1000, counting: all, algorithm: sliding_window_log }
+  - key: refunded
+    rate_limit: { unit: day, requests_per_unit: 10, counting: admitted }
+  - key: meta_a
+    metadata: { service: { name: a }, team: payments }
+    rate_limit: { unit: day, requests_per_unit: 1 }
+  - key: meta_b
+    metadata: { service: { name: b, tier: gold }, team: search }
+    rate_limit: { unit: day, requests_per_unit: 2 }
 "#;
 
 static CONFIG: LazyLock<Arc<Config>> = LazyLock::new(|| {
@@ -124,6 +147,15 @@ const COUNTER_AND_LOG: [&str; 2] = ["", "_log"];
 /// A limiter with the suite's policy over a new backend instance of `t`.
 async fn limiter(t: &Target, settings: Settings) -> TestLimiter {
     t.limiter(Arc::clone(&CONFIG), settings).await
+}
+
+/// A limiter where every hit counts unless a limit says otherwise (`--counting all`).
+async fn limiter_counting_all(t: &Target) -> TestLimiter {
+    let settings = Settings {
+        counting: Counting::All,
+        ..Settings::default()
+    };
+    limiter(t, settings).await
 }
 
 /// Two tollgate instances sharing the store: two limiters over two backend instances on Redis;
@@ -351,7 +383,8 @@ async fn hits_addend_of_request_and_descriptor(t: &Target) {
     }
 }
 
-/// A descriptor hits_addend of 0 checks without consuming: OK while a unit is left.
+/// A descriptor hits_addend of 0 checks without consuming: OK unless usage is above the limit,
+/// so a full limit still answers OK (nothing left).
 async fn check_only_consumes_nothing(t: &Target) {
     let limiter = limiter(t, Settings::default()).await;
     for suffix in COUNTER_AND_LOG {
@@ -368,7 +401,11 @@ async fn check_only_consumes_nothing(t: &Target) {
         }
         let what = format!("{key}: the probes left the last unit");
         assert_one(&limiter, d(&[(&key, &v)]), (Code::Ok, 0), &what).await;
-        assert_one(&limiter, probe(), (Code::OverLimit, 0), &key).await;
+        for _ in 0..5 {
+            let what = format!("{key}: full is not over");
+            assert_one(&limiter, probe(), (Code::Ok, 0), &what).await;
+        }
+        assert_one(&limiter, d(&[(&key, &v)]), (Code::OverLimit, 0), &key).await;
     }
 }
 
@@ -400,22 +437,26 @@ async fn cost_above_the_limit_is_over_with_the_full_window(t: &Target) {
     }
 }
 
-/// A limit of 0 rejects every hit, checks included, with the full window.
+/// A limit of 0 rejects every hit with the full window; a check passes until something has been
+/// charged to it (see `token_quota_debits_are_charged_where_every_hit_counts`), as
+/// envoyproxy/ratelimit answers it.
 async fn zero_requests_per_unit_rejects_everything(t: &Target) {
     let limiter = limiter(t, Settings::default()).await;
     for suffix in COUNTER_AND_LOG {
         let key = format!("zero{suffix}");
         let v = fresh("zero");
-        for descriptor in [
-            d(&[(&key, &v)]),
-            with_addend(d(&[(&key, &v)]), 0),
-            d(&[(&key, &v)]),
-        ] {
-            let decision = ask_one(&limiter, descriptor).await;
+        for _ in 0..3 {
+            let decision = ask_one(&limiter, d(&[(&key, &v)])).await;
             assert_eq!(decision.overall, Code::OverLimit, "{key}");
             assert_eq!(decision.statuses[0].remaining, 0);
             assert_eq!(reset_s(&decision, 0), 1, "{key}: a one-second window");
             assert_eq!(retry_after(&decision), Some(1));
+            let check = ask_one(&limiter, with_addend(d(&[(&key, &v)]), 0)).await;
+            assert_eq!(
+                (check.overall, check.statuses[0].remaining),
+                (Code::Ok, 0),
+                "{key}: nothing was charged, so nothing is over"
+            );
         }
     }
 }
@@ -480,7 +521,8 @@ async fn global_shadow_mode_changes_only_the_overall_code(t: &Target) {
             .await;
             assert_eq!(decision.overall, Code::Ok, "{suffix}");
             assert_eq!(codes(&decision), [Code::Ok, Code::OverLimit], "{suffix}");
-            assert_eq!(decision.statuses[0].remaining, 9);
+            // Its hit was given back: what is left after that.
+            assert_eq!(decision.statuses[0].remaining, 10);
             assert!(decision.response_headers.is_empty());
         }
         assert_eq!(
@@ -545,7 +587,8 @@ async fn retry_after_is_the_largest_wait(t: &Target) {
 }
 
 /// A rejected request consumes nothing: the descriptor that is over does not count, and what
-/// the others took (sharded limits included) is given back.
+/// the others took (sharded limits included) is given back; their statuses report what is left
+/// after that.
 async fn rejected_requests_consume_nothing(t: &Target) {
     let limiter = limiter(t, Settings::default()).await;
     for suffix in COUNTER_AND_LOG {
@@ -568,10 +611,13 @@ async fn rejected_requests_consume_nothing(t: &Target) {
                 codes(&decision),
                 [Code::Ok, Code::Ok, Code::OverLimit, Code::Ok]
             );
-            // Every round sees the counts the previous rounds gave back.
-            assert_eq!(decision.statuses[0].remaining, 4, "{suffix} round {round}");
-            assert_eq!(decision.statuses[1].remaining, 96, "{suffix} round {round}");
-            assert_eq!(decision.statuses[3].remaining, 7, "{suffix} round {round}");
+            // Every round sees the counts the previous rounds gave back, and reports them.
+            assert_eq!(decision.statuses[0].remaining, 5, "{suffix} round {round}");
+            assert_eq!(
+                decision.statuses[1].remaining, 100,
+                "{suffix} round {round}"
+            );
+            assert_eq!(decision.statuses[3].remaining, 10, "{suffix} round {round}");
         }
         assert_eq!(
             ask_one(&limiter, d(&[(&user, &v)])).await.statuses[0].remaining,
@@ -609,7 +655,8 @@ async fn concurrent_rejected_requests_leave_no_residue(t: &Target) {
         let admitted = admitted_units(&instances, (16, 40), plan, doomed_are_over).await;
         assert_eq!(admitted, 10, "{}: {key}", t.name());
         let probe = with_addend(d(&[(&key, &v)]), 0);
-        assert_one(&instances[0], probe, (Code::OverLimit, 0), &key).await;
+        assert_one(&instances[0], probe, (Code::Ok, 0), &key).await;
+        assert_one(&instances[0], d(&[(&key, &v)]), (Code::OverLimit, 0), &key).await;
     }
 }
 
@@ -637,7 +684,8 @@ async fn concurrent_instances_never_exceed_the_limit(t: &Target) {
         // 800 attempts at 150 units: never more, and the limit ends full.
         assert_eq!(admitted, 150, "{}: {key}", t.name());
         let probe = with_addend(d(&[(&key, &v)]), 0);
-        assert_one(&instances[1], probe, (Code::OverLimit, 0), &key).await;
+        assert_one(&instances[1], probe, (Code::Ok, 0), &key).await;
+        assert_one(&instances[1], d(&[(&key, &v)]), (Code::OverLimit, 0), &key).await;
     }
 }
 
@@ -737,6 +785,306 @@ async fn invalid_requests_are_refused_and_count_nothing(t: &Target) {
         }
     }
     assert_eq!(units_left(&limiter, &[("quota", &v)]).await, 10);
+}
+
+/// Envoy's token quota: a check (`hits_addend: 0`) on the request path, and after the response
+/// an ordinary hit debiting the tokens spent, whose answer Envoy ignores. With 1000 tokens, 900
+/// used and a response that spent 200, the debit does not fit but is charged, so the next check
+/// is refused (where only admitted hits counted, it would pass and the quota would never bind).
+async fn token_quota_debits_are_charged_where_every_hit_counts(t: &Target) {
+    let limiter = limiter(t, Settings::default()).await;
+    for suffix in COUNTER_AND_LOG {
+        let key = format!("tokens{suffix}");
+        let v = fresh("tokens");
+        let check = || with_addend(d(&[(&key, &v)]), 0);
+        let debit = |tokens| with_addend(d(&[(&key, &v)]), tokens);
+        assert_one(&limiter, check(), (Code::Ok, 1000), &key).await;
+        assert_one(&limiter, debit(900), (Code::Ok, 100), &key).await;
+        assert_one(&limiter, check(), (Code::Ok, 100), &key).await;
+        let refused = ask_one(&limiter, debit(200)).await;
+        assert_eq!(
+            (refused.overall, refused.statuses[0].remaining),
+            (Code::OverLimit, 0),
+            "{key}: 1100 of 1000 used"
+        );
+        assert_one(&limiter, check(), (Code::OverLimit, 0), &key).await;
+        // A debit of any size is charged without overflow.
+        assert_one(&limiter, debit(u64::MAX), (Code::OverLimit, 0), &key).await;
+        assert_one(&limiter, check(), (Code::OverLimit, 0), &key).await;
+
+        // Nothing of a rejected request is given back where every hit counts.
+        let w = fresh("tokens");
+        let decision = ask(
+            &limiter,
+            &req(vec![
+                with_addend(d(&[(&key, &w)]), 10),
+                d(&[("zero_day", &w)]),
+            ]),
+        )
+        .await;
+        assert_eq!(codes(&decision), [Code::Ok, Code::OverLimit]);
+        assert_eq!(
+            decision.statuses[0].remaining, 990,
+            "{key}: kept, and reported so"
+        );
+        assert_eq!(units_left(&limiter, &[(&key, &w)]).await, 990, "{key}");
+
+        // A 0 limit: checks pass until a refused hit is charged to it.
+        let zero = format!("zero_day{suffix}");
+        let all = limiter_counting_all(t).await;
+        let check = || with_addend(d(&[(&zero, &w)]), 0);
+        assert_one(&all, check(), (Code::Ok, 0), &zero).await;
+        assert_one(&all, d(&[(&zero, &w)]), (Code::OverLimit, 0), &zero).await;
+        assert_one(&all, check(), (Code::OverLimit, 0), &zero).await;
+    }
+}
+
+/// A limit's own `counting` wins over `--counting`: `counting: admitted` gives a rejected
+/// request's hit back even where every hit counts, and `--counting all` charges refusals of
+/// limits without their own.
+async fn counting_is_chosen_per_limit_over_the_flag(t: &Target) {
+    let all = limiter_counting_all(t).await;
+    let v = fresh("per-limit");
+    let rejected = req(vec![
+        d(&[("refunded", &v)]),
+        d(&[("quota", &v)]),
+        d(&[("zero_day", &v)]),
+    ]);
+    let decision = ask(&all, &rejected).await;
+    assert_eq!(codes(&decision), [Code::Ok, Code::Ok, Code::OverLimit]);
+    assert_eq!(decision.statuses[0].remaining, 10, "given back");
+    assert_eq!(decision.statuses[1].remaining, 9, "kept");
+    assert_eq!(units_left(&all, &[("refunded", &v)]).await, 10);
+    assert_eq!(units_left(&all, &[("quota", &v)]).await, 9);
+    // `quota` counts every hit under this flag: a refused debit is charged.
+    assert_one(
+        &all,
+        with_addend(d(&[("quota", &v)]), 20),
+        (Code::OverLimit, 0),
+        "debit",
+    )
+    .await;
+    assert_one(
+        &all,
+        with_addend(d(&[("quota", &v)]), 0),
+        (Code::OverLimit, 0),
+        "check",
+    )
+    .await;
+    // `refunded` counts admitted hits only whatever the flag.
+    assert_one(
+        &all,
+        with_addend(d(&[("refunded", &v)]), 20),
+        (Code::OverLimit, 10),
+        "x",
+    )
+    .await;
+    assert_one(
+        &all,
+        with_addend(d(&[("refunded", &v)]), 0),
+        (Code::Ok, 10),
+        "y",
+    )
+    .await;
+}
+
+/// Where every hit counts, many concurrent callers on two instances still never get more than
+/// the limit admitted; refused hits charged near the end may leave a unit or two unused.
+async fn counting_all_never_admits_more_than_the_limit(t: &Target) {
+    for suffix in COUNTER_AND_LOG {
+        let first = Arc::new(limiter_counting_all(t).await);
+        let second = if t.shares_store() {
+            Arc::new(limiter_counting_all(t).await)
+        } else {
+            Arc::clone(&first)
+        };
+        let instances = [first, second];
+        let key = format!("race{suffix}");
+        let v = fresh("race-all");
+        let (plan_key, plan_v) = (key.clone(), v.clone());
+        let plan = move |task: usize, round: usize| {
+            let cost = if (task + round).is_multiple_of(5) {
+                2
+            } else {
+                1
+            };
+            let request = req(vec![with_addend(d(&[(&plan_key, &plan_v)]), cost)]);
+            (request, cost)
+        };
+        let within = |_: &Request, decision: &Decision| {
+            assert!(decision.statuses[0].remaining <= 150, "{decision:?}");
+        };
+        let admitted = admitted_units(&instances, (32, 25), plan, within).await;
+        // The first refusal of a cost of at most 2 comes at 149 used (per shard, at its budget
+        // less one), and nothing is admitted past a refusal charged on top of that.
+        assert!(
+            (148..=150).contains(&admitted),
+            "{}: {key} admitted {admitted}",
+            t.name()
+        );
+    }
+}
+
+/// A descriptor with no entries is answered OK with no limit, as envoyproxy/ratelimit answers
+/// it (Envoy never sends one, other clients do); with its own `limit` it is limited by that, on
+/// one counter for the whole domain.
+async fn descriptor_without_entries_is_ok_without_a_limit(t: &Target) {
+    let limiter = limiter(t, Settings::default()).await;
+    let v = fresh("empty");
+    for round in 0..3 {
+        let decision = ask(&limiter, &req(vec![d(&[]), d(&[("quota", &v)])])).await;
+        assert_eq!(decision.overall, Code::Ok);
+        assert_free(&decision, 0, "no entries");
+        assert_eq!(decision.statuses[0].remaining, 0);
+        assert_eq!(codes(&decision), [Code::Ok, Code::Ok], "round {round}");
+    }
+    let mut limited = d(&[]);
+    limited.limit = Some(LimitOverride {
+        requests_per_unit: 1,
+        unit: Some(Unit::Day),
+    });
+    // An unknown domain limits nothing, overrides included.
+    let mut foreign = req(vec![limited.clone()]);
+    foreign.domain = fresh("empty-domain");
+    for _ in 0..2 {
+        assert_free(&ask(&limiter, &foreign).await, 0, "unknown domain");
+    }
+    let first = ask(&limiter, &req(vec![limited.clone(), d(&[("quota", &v)])])).await;
+    assert_eq!(codes(&first), [Code::Ok, Code::Ok]);
+    assert_eq!(first.statuses[0].remaining, 0);
+    let limit = first.statuses[0]
+        .limit
+        .as_ref()
+        .expect("the override applies");
+    assert_eq!((limit.requests_per_unit, limit.unit), (1, Some(Unit::Day)));
+    assert_eq!(
+        codes(&ask(&limiter, &req(vec![limited])).await),
+        [Code::OverLimit]
+    );
+}
+
+/// `--quota-mode` treats every descriptor as a quota descriptor: a request is rejected only when
+/// every descriptor that is not unlimited is over, and one without a limit never is.
+async fn global_quota_mode_rejects_only_when_every_descriptor_is_over(t: &Target) {
+    let settings = Settings {
+        quota_mode: true,
+        ..Settings::default()
+    };
+    let limiter = limiter(t, settings).await;
+    let v = fresh("global-quota");
+    let decision = ask(
+        &limiter,
+        &req(vec![d(&[("zero_day", &v)]), d(&[("quota", &v)])]),
+    )
+    .await;
+    assert_eq!(codes(&decision), [Code::OverLimit, Code::Ok]);
+    assert_eq!(decision.overall, Code::Ok, "one passed");
+    assert!(decision.response_headers.is_empty(), "{decision:?}");
+    let decision = ask(
+        &limiter,
+        &req(vec![d(&[("zero_day", &v)]), d(&[("nothing", &v)])]),
+    )
+    .await;
+    assert_eq!(
+        decision.overall,
+        Code::Ok,
+        "no limit is a quota that passes"
+    );
+    let decision = ask(
+        &limiter,
+        &req(vec![
+            d(&[("zero_day", &v)]),
+            d(&[("zero_day_log", &v)]),
+            d(&[("free", &v)]),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        codes(&decision),
+        [Code::OverLimit, Code::OverLimit, Code::Ok]
+    );
+    assert_eq!(
+        decision.overall,
+        Code::OverLimit,
+        "unlimited does not count"
+    );
+    assert!(retry_after(&decision).is_some());
+}
+
+/// Dynamic metadata comes only with `--response-dynamic-metadata`, in envoyproxy/ratelimit's
+/// shape, with the merged `metadata` of the limits that passed (first writer wins, maps merged).
+async fn dynamic_metadata_only_when_asked_in_the_reference_shape(t: &Target) {
+    let v = fresh("meta");
+    let request = {
+        let mut request = req(vec![
+            d(&[("meta_a", &v)]),
+            with_addend(d(&[("meta_b", &v)]), 1),
+            d(&[("nothing", &v)]),
+        ]);
+        request.hits_addend = 1;
+        request
+    };
+    let quiet = limiter(t, Settings::default()).await;
+    let w = fresh("meta");
+    let elsewhere = req(vec![d(&[("meta_a", &w)]), d(&[("meta_b", &w)])]);
+    assert_eq!(ask(&quiet, &elsewhere).await.dynamic_metadata, None);
+
+    let settings = Settings {
+        response_dynamic_metadata: true,
+        ..Settings::default()
+    };
+    let limiter = limiter(t, settings).await;
+    let s = |text: &str| MetaValue::String(text.to_string());
+    let map = |fields: Vec<(&str, MetaValue)>| {
+        MetaValue::Map(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        )
+    };
+    let expected = |metadata: MetaValue| {
+        map(vec![
+            ("domain", s("conformance")),
+            (
+                "descriptors",
+                MetaValue::List(vec![
+                    map(vec![(
+                        "entries",
+                        MetaValue::List(vec![s(&format!("meta_a={v}"))]),
+                    )]),
+                    map(vec![
+                        ("entries", MetaValue::List(vec![s(&format!("meta_b={v}"))])),
+                        ("hitsAddend", MetaValue::Number(1.0)),
+                    ]),
+                    map(vec![(
+                        "entries",
+                        MetaValue::List(vec![s(&format!("nothing={v}"))]),
+                    )]),
+                ]),
+            ),
+            ("hitsAddend", MetaValue::Number(1.0)),
+            ("metadata", metadata),
+        ])
+    };
+    // Both pass: a's values win, maps merge.
+    let decision = ask(&limiter, &request).await;
+    assert_eq!(codes(&decision), [Code::Ok, Code::Ok, Code::Ok]);
+    let both = map(vec![
+        ("service", map(vec![("name", s("a")), ("tier", s("gold"))])),
+        ("team", s("payments")),
+    ]);
+    assert_eq!(decision.dynamic_metadata, Some(expected(both)));
+    // meta_a's only unit is taken: it is over, so only meta_b's metadata is merged, and the
+    // rejected request still carries metadata.
+    let decision = ask(&limiter, &request).await;
+    assert_eq!(codes(&decision), [Code::OverLimit, Code::Ok, Code::Ok]);
+    assert_eq!(decision.overall, Code::OverLimit);
+    let only_b = map(vec![
+        ("service", map(vec![("name", s("b")), ("tier", s("gold"))])),
+        ("team", s("search")),
+    ]);
+    assert_eq!(decision.dynamic_metadata, Some(expected(only_b)));
 }
 
 /// Asserts that `limiter` answers the failure modes for `[fail_default, fail_allow, fail_deny]`

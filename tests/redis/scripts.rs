@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use tollgate::backend::{Backend, Hit, Outcome, Receipt, RedisBackend};
-use tollgate::window::{self, Algorithm, Cost};
+use tollgate::window::{self, Algorithm, Cost, Counting};
 use tollgate_testkit::cases;
-use tollgate_testkit::hits::{ALGORITHMS, fresh_key, hit};
+use tollgate_testkit::hits::{ALGORITHMS, COUNTINGS, counted, fresh_key, hit};
 use tollgate_testkit::target::{CALL_TIMEOUT, Target};
 
 cases! {
@@ -30,8 +30,9 @@ async fn one_at(backend: &RedisBackend, hit: &Hit, now: u64) -> Outcome {
 }
 
 /// Random hits at increasing instants on a few limiters, the same hits fed to a model that keeps
-/// what was admitted and decides with `tollgate::window`; every verdict must be identical, and
-/// every released charge leaves the model too.
+/// what was charged (admitted hits, and refused ones where every hit counts) and decides with
+/// `tollgate::window`; every verdict must be identical, and every released charge leaves the
+/// model too.
 async fn scripts_follow_the_window_math(t: &Target) {
     let backend = connect(t).await;
     let mut rng = fastrand::Rng::with_seed(7);
@@ -43,8 +44,12 @@ async fn scripts_follow_the_window_math(t: &Target) {
         (4_294_967_295, 31_536_000_000),
         ((1 << 40) + 7, 86_400_000),
     ];
-    for (limit, window_ms) in shapes {
-        for algorithm in ALGORITHMS {
+    for ((limit, window_ms), algorithm, counting) in shapes
+        .into_iter()
+        .flat_map(|shape| ALGORITHMS.map(|algorithm| (shape, algorithm)))
+        .flat_map(|(shape, algorithm)| COUNTINGS.map(|counting| (shape, algorithm, counting)))
+    {
+        {
             let key = fresh_key("model");
             let mut now = 1_700_000_000_000 + rng.u64(0..window_ms);
             let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
@@ -77,10 +82,12 @@ async fn scripts_follow_the_window_math(t: &Target) {
                 let cost = match rng.u8(0..10) {
                     0 => Cost::CheckOnly,
                     1 => Cost::Consume(limit + rng.u64(1..3)),
+                    // far above the limit: saturated, and only charged where every hit counts
+                    9 if rng.u8(0..4) == 0 => Cost::Consume(u64::MAX),
                     2 => Cost::Consume(rng.u64(1..=limit.max(1))),
                     _ => Cost::Consume(rng.u64(1..=(limit / 3).clamp(1, 4))),
                 };
-                let h = hit(&key, algorithm, limit, window_ms, cost);
+                let h = counted(hit(&key, algorithm, limit, window_ms, cost), counting);
                 let outcome = one_at(&backend, &h, now).await;
                 let k = now / window_ms;
                 let expected = match algorithm {
@@ -94,18 +101,34 @@ async fn scripts_follow_the_window_math(t: &Target) {
                             prev.unwrap_or(0),
                             curr.unwrap_or(0),
                             cost,
+                            counting,
                         )
                     }
                     Algorithm::SlidingWindowLog => {
                         let pairs: Vec<(u64, u64)> =
                             entries.iter().map(|&(t, c, _)| (t, c)).collect();
-                        window::log_decide(limit, window_ms, now, &pairs, cost)
+                        window::log_decide(limit, window_ms, now, &pairs, cost, counting)
                     }
                 };
                 assert_eq!(
                     outcome.verdict, expected,
                     "step {step}: {h:?} at {now} (limit {limit}, window {window_ms})"
                 );
+                // A refused hit counted in full is charged, with nothing to give back.
+                if let (false, Counting::All, Cost::Consume(units)) =
+                    (outcome.verdict.admitted, counting, cost)
+                {
+                    assert_eq!(outcome.receipt, None);
+                    match algorithm {
+                        Algorithm::SlidingWindowCounter => {
+                            let count = counts.entry(k).or_default();
+                            *count = window::counter_refused_count(*count, units);
+                        }
+                        Algorithm::SlidingWindowLog => {
+                            entries.push((now, window::log_refused_cost(limit, units), 0))
+                        }
+                    }
+                }
                 if let Some(receipt) = outcome.receipt {
                     let Cost::Consume(units) = cost else {
                         panic!("a check got a receipt")
@@ -124,22 +147,32 @@ async fn scripts_follow_the_window_math(t: &Target) {
     }
 }
 
-/// The retry time is exact: the same hit one millisecond earlier is refused, at it admitted.
+/// The retry time is exact: the same hit one millisecond earlier is refused, at it admitted;
+/// also when a refused debit counted in full has taken usage above the limit.
 async fn retry_time_is_the_first_instant_that_admits(t: &Target) {
     let backend = connect(t).await;
     let window_ms = 60_000;
     let base = 1_700_000_040_000; // a window boundary
     for algorithm in ALGORITHMS {
-        for (fill_at, fill, cost, ask_at) in [
-            (base + 1000, 10, Cost::Consume(1), base + 30_000),
-            (base + 1000, 10, Cost::Consume(4), base + 50_000),
-            (base + 59_000, 8, Cost::Consume(5), base + 70_000),
-            (base + 5000, 10, Cost::CheckOnly, base + 6000),
+        // (fill time, units admitted then, units of a refused debit charged then, the hit asked
+        // about, when)
+        for (fill_at, fill, debit, cost, ask_at) in [
+            (base + 1000, 10, 0, Cost::Consume(1), base + 30_000),
+            (base + 1000, 10, 0, Cost::Consume(4), base + 50_000),
+            (base + 59_000, 8, 0, Cost::Consume(5), base + 70_000),
+            (base + 5000, 10, 3, Cost::CheckOnly, base + 6000),
+            (base + 5000, 10, 3, Cost::CheckOnly, base + 64_000),
+            (base + 1000, 9, 25, Cost::Consume(2), base + 60_500),
         ] {
             let key = fresh_key("retry");
             let h = |cost| hit(&key, algorithm, 10, window_ms, cost);
             let filled = one_at(&backend, &h(Cost::Consume(fill)), fill_at).await;
             assert!(filled.verdict.admitted);
+            if debit > 0 {
+                let debit = counted(h(Cost::Consume(debit)), Counting::All);
+                let charged = one_at(&backend, &debit, fill_at).await;
+                assert!(!charged.verdict.admitted, "{charged:?}");
+            }
             let refused = one_at(&backend, &h(cost), ask_at).await;
             assert!(!refused.verdict.admitted, "{refused:?}");
             let retry = refused.verdict.reset_ms;

@@ -15,7 +15,7 @@ use tollgate::backend::{AnyBackend, Backend, Hit, ShardKeys, Sharded};
 use tollgate::config::Config;
 use tollgate::descriptor::{Entry, Request};
 use tollgate::limiter::{Code, Limiter, Settings, limiter_key};
-use tollgate::window::{Algorithm, Cost};
+use tollgate::window::{Algorithm, Cost, Counting};
 use tollgate_testkit::cases;
 use tollgate_testkit::requests::{descriptor, request};
 use tollgate_testkit::target::{CALL_TIMEOUT, Target};
@@ -163,6 +163,7 @@ impl Limit {
             limit: shard_budget(self.limit, shard, self.shards),
             window_ms: YEAR_MS,
             cost,
+            counting: Counting::Admitted,
             shards: 1,
         }
     }
@@ -393,6 +394,7 @@ async fn refunds_restore_the_charged_shard(t: &Target) {
                 limit: limit.limit,
                 window_ms: YEAR_MS,
                 cost: Cost::Consume(2),
+                counting: Counting::Admitted,
                 shards: limit.shards,
             };
             let outcome = backend.acquire(&[hit]).await.remove(0).expect("an answer");

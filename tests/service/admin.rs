@@ -567,10 +567,6 @@ fn json_refuses_bad_input_with_400_and_a_message() {
             "descriptor list must not be empty",
         ),
         (
-            r#"{"domain":"edge","descriptors":[{"entries":[]}]}"#.to_owned(),
-            "has no entries",
-        ),
-        (
             r#"{"domain":"edge","descriptors":[{"entries":[{"key":"","value":"alice"}]}]}"#
                 .to_owned(),
             "empty key",
@@ -589,6 +585,16 @@ fn json_refuses_bad_input_with_400_and_a_message() {
     let (status, answer) = client.json(&request("edge", &[&[("user", "alice")]]));
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["statuses"][0]["limitRemaining"], 4, "{answer}");
+
+    // A descriptor without entries is no error: it matches nothing, as in envoyproxy/ratelimit.
+    let reply = client.post_json(r#"{"domain":"edge","descriptors":[{"entries":[]}]}"#);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let answer: Value = serde_json::from_str(&reply.body).expect("a JSON answer");
+    assert_eq!(
+        answer,
+        json!({"overallCode": "OK", "statuses": [{"code": "OK"}]}),
+        "{reply:?}"
+    );
 
     // Only POST carries a request.
     assert_eq!(client.get("/json").status, 405);
@@ -977,4 +983,77 @@ fn sigterm_drains_and_exits_zero() {
     let status = tollgate.wait_exit(POLL_LIMIT);
     assert_eq!(status.code(), Some(0), "{status}\n{}", tollgate.log());
     drop(watchers);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference's counting, quota mode and dynamic metadata, switched on by flags
+
+#[test]
+fn serve_flags_switch_on_the_reference_counting_quota_mode_and_metadata() {
+    let tollgate = Tollgate::builder()
+        .policy(
+            "rl.yaml",
+            "domain: rl
+descriptors:
+  - key: service
+    value: s2
+    metadata: {service_with_quota: {name: s2}}
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: plain
+    rate_limit: {unit: hour, requests_per_unit: 1}
+",
+        )
+        .args([
+            "--counting",
+            "all",
+            "--response-dynamic-metadata",
+            "--quota-mode=true",
+        ])
+        .start();
+    let client = Client::of(&tollgate);
+    let service = |hits: u64| {
+        json!({"domain": "rl", "descriptors": [
+            {"entries": [{"key": "service", "value": "s2"}], "hitsAddend": hits}
+        ]})
+    };
+
+    // A check, then a debit larger than what is left: charged, so the next check is refused.
+    let (status, answer) = client.json(&service(0));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 2, "{answer}");
+    let metadata = &answer["dynamicMetadata"];
+    assert_eq!(metadata["domain"], "rl", "{answer}");
+    assert_eq!(
+        metadata["descriptors"][0]["entries"],
+        json!(["service=s2"]),
+        "{answer}"
+    );
+    // A Struct number is a double.
+    assert_eq!(
+        metadata["descriptors"][0]["hitsAddend"].as_f64(),
+        Some(0.0),
+        "{answer}"
+    );
+    assert_eq!(
+        metadata["metadata"],
+        json!({"service_with_quota": {"name": "s2"}}),
+        "{answer}"
+    );
+    let (status, answer) = client.json(&service(3));
+    assert_eq!(status, 429, "{answer}");
+    let (status, answer) = client.json(&service(0));
+    assert_eq!(status, 429, "the debit was charged: {answer}");
+    assert!(
+        answer["dynamicMetadata"].get("metadata").is_none(),
+        "{answer}"
+    );
+
+    // Quota mode: a request is rejected only when every descriptor is over.
+    let plain = json!({"entries": [{"key": "plain", "value": "x"}]});
+    let free = json!({"entries": [{"key": "unmatched", "value": "x"}]});
+    let (status, _) = client.json(&json!({"domain": "rl", "descriptors": [plain.clone()]}));
+    assert_eq!(status, 200);
+    let (status, answer) = client.json(&json!({"domain": "rl", "descriptors": [plain, free]}));
+    assert_eq!(status, 200, "one passed: {answer}");
+    assert_eq!(answer["statuses"][0]["code"], "OVER_LIMIT", "{answer}");
 }

@@ -177,3 +177,44 @@ descriptors:
     let stdout = text(&out.stdout);
     assert!(stdout.contains("shards=8"), "{stdout}");
 }
+
+#[test]
+fn check_merges_domains_across_files_when_asked() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .expect("write a policy");
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "domain: shop\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: hour, requests_per_unit: 1000, counting: all}\n",
+    )
+    .expect("write a policy");
+    let path = dir.path().display().to_string();
+
+    let separate = tollgate(&["check", "--config", &path]);
+    assert_eq!(separate.status.code(), Some(1));
+    assert!(
+        text(&separate.stderr).contains("domain `shop` is already declared"),
+        "{}",
+        text(&separate.stderr)
+    );
+
+    for merged in [
+        tollgate(&["check", "--config", &path, "--merge-domains"]),
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check", "--config", &path])
+            .env("TOLLGATE_MERGE_DOMAINS", "true")
+            .output()
+            .expect("the tollgate binary runs"),
+    ] {
+        assert!(merged.status.success(), "{}", text(&merged.stderr));
+        let table = text(&merged.stdout);
+        assert!(table.contains("shop.user "), "{table}");
+        assert!(
+            table.contains("shop.tokens ") && table.contains("counting=all"),
+            "{table}"
+        );
+    }
+}

@@ -115,7 +115,7 @@ pub struct ScaleArgs {
     /// A smoke run: one short run per point and fewer points (one concurrency level), to check
     /// that everything works; its numbers mean little. The test that runs the commands of the
     /// documentation sets the variable, so the documented commands are checked at this scale.
-    #[arg(long, env = "TOLLGATE_BENCH_QUICK")]
+    #[arg(long, env = "TOLLGATE_BENCH_QUICK", value_parser = clap::builder::BoolishValueParser::new())]
     pub quick: bool,
 
     /// Where the results go as JSON lines, one file per scenario (`matrix.jsonl`, ...)

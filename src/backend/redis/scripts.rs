@@ -5,7 +5,7 @@ use std::io::Write as _;
 use redis::{Cmd, RedisWrite as _, Value};
 
 use crate::backend::{BackendError, Hit, Outcome, Receipt};
-use crate::window::{Algorithm, Cost, Verdict};
+use crate::window::{self, Algorithm, Cost, Counting, Verdict};
 
 use super::keys::{COUNTER_KEYS, KeySpace, LOG_KEYS};
 
@@ -79,11 +79,19 @@ impl Scripts {
             )));
         }
         let limit = hit.limit.min(MAX_LIMIT);
-        // any cost above the limit is refused alike, so the script never sees more than limit+1
-        // (0 = check only, as `Consume(0)` consumes nothing)
-        let cost = match hit.cost {
-            Cost::CheckOnly => 0,
-            Cost::Consume(units) => units.min(limit + 1),
+        // 0 = check only, as `Consume(0)` consumes nothing. Larger costs are cut to what the
+        // window math records of them: a counter's count saturates at MAX_COUNT, a log entry of
+        // a refused hit at limit+1 (any cost above the limit is refused alike).
+        let cost = match (hit.cost, hit.algorithm) {
+            (Cost::CheckOnly, _) => 0,
+            (Cost::Consume(units), Algorithm::SlidingWindowCounter) => units.min(window::MAX_COUNT),
+            (Cost::Consume(units), Algorithm::SlidingWindowLog) => {
+                window::log_refused_cost(limit, units)
+            }
+        };
+        let count_refused = match hit.counting {
+            Counting::Admitted => 0,
+            Counting::All => 1,
         };
         let (script, suffixes) = match hit.algorithm {
             Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS),
@@ -92,7 +100,7 @@ impl Scripts {
         Ok(Call {
             script,
             suffixes,
-            args: Args::new([limit, hit.window_ms, cost]),
+            args: Args::new([limit, hit.window_ms, cost, count_refused]),
             base: keys.base(&hit.key),
         })
     }
@@ -112,8 +120,9 @@ impl Scripts {
     }
 }
 
-/// The most arguments a script takes: an acquire's limit, window and cost, and a decision time.
-const MAX_ARGS: usize = 4;
+/// The most arguments a script takes: an acquire's limit, window, cost and counting, and a
+/// decision time.
+const MAX_ARGS: usize = 5;
 
 /// A script call's integer arguments, kept inline: a call is built for every hit.
 #[derive(Debug, Clone, Copy)]
@@ -196,7 +205,8 @@ impl Call<'_> {
     }
 
     /// Reads an acquire script's reply `{admitted, remaining, reset_ms, token}` for `hit`; the
-    /// receipt takes the call's key base.
+    /// receipt (for an admitted charge only: nothing gives a refused one back) takes the call's
+    /// key base.
     pub fn outcome(self, hit: &Hit, reply: Value) -> Result<Outcome, BackendError> {
         let [admitted, remaining, reset_ms, token] = reply_fields(reply)?;
         let admitted = admitted == 1;
@@ -212,6 +222,7 @@ impl Call<'_> {
                 window_ms: hit.window_ms,
                 token: u64::try_from(token).unwrap_or(0),
                 cost,
+                released_remaining: verdict.remaining.saturating_add(cost),
             }),
             _ => None,
         };

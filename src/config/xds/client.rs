@@ -32,7 +32,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use super::backoff::Backoff;
 use super::convert::{self, ExtensionDefaults, RATE_LIMIT_CONFIG_TYPE_URL, Rejection};
 use super::options::XdsOptions;
-use crate::config::Config;
+use crate::config::{Config, LoadOptions};
 use crate::proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::proto::discovery::{DiscoveryRequest, DiscoveryResponse};
 use crate::proto::envoy::config::core::v3::{Node, node::UserAgentVersionType};
@@ -103,6 +103,7 @@ enum StreamEnd {
 pub struct XdsClient {
     options: XdsOptions,
     defaults: ExtensionDefaults,
+    load_options: LoadOptions,
     node: Node,
 }
 
@@ -116,12 +117,18 @@ struct Progress {
 }
 
 impl XdsClient {
-    /// A client set up by `options`, filling in tollgate's extensions from `defaults`.
-    pub fn new(options: XdsOptions, defaults: ExtensionDefaults) -> Self {
+    /// A client set up by `options`, filling in tollgate's extensions from `defaults` and
+    /// gathering each push's resources as `load_options` say.
+    pub fn new(
+        options: XdsOptions,
+        defaults: ExtensionDefaults,
+        load_options: LoadOptions,
+    ) -> Self {
         let node = node(&options);
         XdsClient {
             options,
             defaults,
+            load_options,
             node,
         }
     }
@@ -272,7 +279,7 @@ impl XdsClient {
             nonce,
             ..
         } = response;
-        match convert::snapshot(&resources, &self.defaults) {
+        match convert::snapshot(&resources, &self.defaults, self.load_options) {
             Ok(config) => {
                 progress.last_refused = None;
                 for warning in config.warnings() {
@@ -471,7 +478,11 @@ mod tests {
 
     #[test]
     fn requests_carry_version_nonce_node_and_type() {
-        let client = XdsClient::new(XdsOptions::default(), ExtensionDefaults::default());
+        let client = XdsClient::new(
+            XdsOptions::default(),
+            ExtensionDefaults::default(),
+            LoadOptions::default(),
+        );
         let ack = client.request("7", "3", None);
         assert_eq!(ack.version_info, "7");
         assert_eq!(ack.response_nonce, "3");

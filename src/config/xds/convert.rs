@@ -17,7 +17,7 @@ use prost_types::value::Kind;
 use super::super::diagnostics::{Finding, Location};
 use super::super::rules::Snapshot;
 use super::super::schema::{DescriptorNode, Given, MAX_SHARDS, Policy, RateLimitNode, ReplaceNode};
-use super::super::{Config, MetaValue};
+use super::super::{Config, LoadOptions, MetaValue};
 use crate::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
@@ -93,8 +93,9 @@ impl Location for FieldPath {
 pub fn snapshot(
     resources: &[prost_types::Any],
     defaults: &ExtensionDefaults,
+    options: LoadOptions,
 ) -> Result<Config, Rejection> {
-    let mut snapshot = Snapshot::default();
+    let mut snapshot = Snapshot::new(options);
     for (index, any) in resources.iter().enumerate() {
         let config = decode(index, any)?;
         let resource = if config.name.is_empty() {
@@ -112,7 +113,11 @@ pub fn snapshot(
             .add(Path::new(&resource), &policy)
             .map_err(reject)?;
     }
-    Ok(snapshot.finish())
+    snapshot.finish().map_err(|(resource, finding)| Rejection {
+        resource: resource.display().to_string(),
+        at: finding.at.0,
+        message: finding.message,
+    })
 }
 
 /// Unpacks one `Any`, which must hold a `RateLimitConfig`.
@@ -263,6 +268,7 @@ fn rate_limit(
         window: text(&extension.window, "window"),
         shards,
         failure_mode: text(&extension.failure_mode, "failure_mode"),
+        counting: text(&extension.counting, "counting"),
     })
 }
 
@@ -354,7 +360,11 @@ mod tests {
 
     fn load(configs: &[RateLimitConfig]) -> Result<Config, Rejection> {
         let resources: Vec<_> = configs.iter().map(pack).collect();
-        snapshot(&resources, &ExtensionDefaults::default())
+        snapshot(
+            &resources,
+            &ExtensionDefaults::default(),
+            LoadOptions::default(),
+        )
     }
 
     fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
@@ -552,7 +562,12 @@ mod tests {
             type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
             value: Vec::new(),
         };
-        let error = snapshot(&[wrong], &ExtensionDefaults::default()).unwrap_err();
+        let error = snapshot(
+            &[wrong],
+            &ExtensionDefaults::default(),
+            LoadOptions::default(),
+        )
+        .unwrap_err();
         assert_eq!(
             error.to_string(),
             "resources[0]: holds `type.googleapis.com/envoy.config.cluster.v3.Cluster`, not a \
@@ -562,7 +577,12 @@ mod tests {
             type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
             value: vec![0x0a, 0xff],
         };
-        let error = snapshot(&[garbage], &ExtensionDefaults::default()).unwrap_err();
+        let error = snapshot(
+            &[garbage],
+            &ExtensionDefaults::default(),
+            LoadOptions::default(),
+        )
+        .unwrap_err();
         assert!(
             error
                 .to_string()
@@ -579,6 +599,7 @@ mod tests {
             window: "90s".into(),
             shards: 4,
             failure_mode: "deny".into(),
+            counting: "all".into(),
         });
         let plain = node("user", "", limit(RateLimitUnit::Minute, 5));
         let config = load(&[resource(
@@ -593,13 +614,19 @@ mod tests {
         assert_eq!((tenant.window_ms, tenant.unit), (90_000, None));
         assert_eq!(tenant.shards, 4);
         assert_eq!(tenant.failure_mode, Some(crate::config::FailureMode::Deny));
+        assert_eq!(tenant.counting, Some(crate::window::Counting::All));
         let user = domain.resolve(&entries(&[("user", "u")])).unwrap().limit;
         assert_eq!(user.algorithm, Algorithm::SlidingWindowCounter);
 
         let defaults = ExtensionDefaults {
             algorithm: Some(Algorithm::SlidingWindowLog),
         };
-        let config = snapshot(&[pack(&resource("d", "edge", vec![plain]))], &defaults).unwrap();
+        let config = snapshot(
+            &[pack(&resource("d", "edge", vec![plain]))],
+            &defaults,
+            LoadOptions::default(),
+        )
+        .unwrap();
         let user = config.domain("edge").unwrap().limits()[0].clone();
         assert_eq!(user.algorithm, Algorithm::SlidingWindowLog);
 
