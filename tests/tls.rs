@@ -2,12 +2,11 @@
 //! with no arguments and Envoy Gateway's environment (its variables and values; paths under a
 //! temporary directory, certificates made by the test), serving a real Envoy over mutual TLS.
 //!
-//! Two departures from Envoy Gateway's environment, both marked in [`envoy_gateway_env`]: the
-//! listeners bind free loopback ports instead of 8081/8080/6070/19001, so tests can run side by
-//! side; and `CONFIG_TYPE` is `FILE`, with the policies in a ConfigMap-shaped directory under
-//! `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config`, because the xDS config source is not in this
-//! build. When it is, `CONFIG_TYPE=GRPC_XDS_SOTW` with `CONFIG_GRPC_XDS_SERVER_URL` pointing at
-//! the test's xDS server is the only change [`envoy_gateway_env`] needs.
+//! The policies arrive as Envoy Gateway delivers them: over xDS from a management server (the
+//! test kit's, standing in for `envoy-gateway:18001`) that requires mutual TLS with certificates
+//! of the same CA as the rate-limit service's own. The one departure from Envoy Gateway's
+//! environment, marked in [`envoy_gateway_env`]: the listeners bind free loopback ports instead
+//! of 8081/8080/6070/19001, so tests can run side by side.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,31 +14,52 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tempfile::TempDir;
+use tollgate::proto::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
 use tollgate_testkit::certs::{Ca, Issued, Usage, presented_certificate};
 use tollgate_testkit::envoy::{Action, Envoy};
 use tollgate_testkit::mount::Mount;
 use tollgate_testkit::net::{agent, send};
+use tollgate_testkit::pki::Issued as PkiIssued;
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::reference::{Ratelimit, RatelimitBuilder};
 use tollgate_testkit::tools::grpcurl_bin;
 use tollgate_testkit::wait;
+use tollgate_testkit::xds::ManagementServer;
 
 /// The server name Envoy Gateway's certificate for the rate-limit service carries.
 const SERVICE_NAME: &str = "envoy-ratelimit.envoy-gateway-system.svc.cluster.local";
 
-const POLICY: &str = "domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 3}
-";
+/// Envoy Gateway's node id for its rate-limit service.
+const NODE: &str = "envoy-ratelimit";
 
-/// A Kubernetes-like pod filesystem: the `certs` Secret mount (tls.crt, tls.key, ca.crt, as
-/// Envoy Gateway's `envoy-rate-limit` Secret has them) and `/data` for the runtime layout.
+/// The policy Envoy Gateway pushes in these tests: in domain `edge`, each `user` value gets three
+/// hits a minute.
+fn policy() -> RateLimitConfig {
+    RateLimitConfig {
+        name: "edge".into(),
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "user".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: RateLimitUnit::Minute as i32,
+                requests_per_unit: 3,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+/// A Kubernetes-like pod filesystem (the `certs` Secret mount: tls.crt, tls.key, ca.crt, as
+/// Envoy Gateway's `envoy-rate-limit` Secret has them), and Envoy Gateway's xDS server, whose
+/// certificate the same CA signed.
 struct Pod {
     dir: TempDir,
     ca: Ca,
     certs: Mount,
-    _policies: Mount,
+    xds: ManagementServer,
 }
 
 impl Pod {
@@ -52,16 +72,35 @@ impl Pod {
             Usage::Both,
         );
         let certs = Mount::create(&dir.path().join("certs"), &secret(&server, &ca));
-        let policies = Mount::create(
-            &dir.path().join("data/ratelimit/config"),
-            &[("edge.yaml", POLICY.as_bytes())],
+        let control_plane = ca.issue(
+            "envoy-gateway",
+            &["envoy-gateway", "127.0.0.1"],
+            Usage::Both,
         );
+        let xds_certs = dir.path().join("envoy-gateway-certs");
+        std::fs::create_dir(&xds_certs).expect("a directory for the xDS server's certificate");
+        for (name, contents) in secret(&control_plane, &ca) {
+            std::fs::write(xds_certs.join(name), contents).expect("write the xDS server's files");
+        }
+        let xds = ManagementServer::builder()
+            .node_id(NODE)
+            .mutual_tls(&PkiIssued::from_dir(xds_certs))
+            .start();
+        xds.push("1", &[policy()]);
         Pod {
             dir,
             ca,
             certs,
-            _policies: policies,
+            xds,
         }
+    }
+
+    /// Starts `ratelimit` and waits until it is healthy and has taken (and acknowledged) the
+    /// control plane's first push.
+    fn start(&self, ratelimit: RatelimitBuilder) -> Ratelimit {
+        let ratelimit = ratelimit.start_healthy();
+        self.xds.wait_for_ack("1");
+        ratelimit
     }
 
     fn path(&self, relative: &str) -> String {
@@ -96,10 +135,9 @@ fn envoy_gateway_env(pod: &Pod, redis: &RedisServer) -> RatelimitBuilder {
         .env("RUNTIME_WATCH_ROOT", "false")
         .env("LOG_LEVEL", "info")
         .env("USE_STATSD", "false")
-        // Departure: Envoy Gateway sets GRPC_XDS_SOTW; the xDS source is not in this build.
-        .env("CONFIG_TYPE", "FILE")
-        .env("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001")
-        .env("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit")
+        .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+        .env("CONFIG_GRPC_XDS_SERVER_URL", pod.xds.url())
+        .env("CONFIG_GRPC_XDS_NODE_ID", NODE)
         .env("GRPC_SERVER_USE_TLS", "true")
         .env("GRPC_SERVER_TLS_CERT", pod.path("certs/tls.crt"))
         .env("GRPC_SERVER_TLS_KEY", pod.path("certs/tls.key"))
@@ -204,7 +242,7 @@ const DECIDE: &[&str] = &[
 fn envoy_gateways_environment_serves_envoy_over_mutual_tls() {
     let redis = RedisServer::start();
     let pod = Pod::new();
-    let ratelimit = envoy_gateway_env(&pod, &redis).start_healthy();
+    let ratelimit = pod.start(envoy_gateway_env(&pod, &redis));
     let log = ratelimit.log();
     assert!(log.contains("tls=\"mutual\""), "{log}");
     assert!(log.contains("PROMETHEUS_MAPPER_YAML"), "{log}");
@@ -244,6 +282,9 @@ fn envoy_gateways_environment_serves_envoy_over_mutual_tls() {
         None,
     );
     assert!(rlconfig.body.contains("edge.user"), "{}", rlconfig.body);
+    // ... which came over xDS, from a control plane that saw tollgate's client certificate.
+    assert!(rlconfig.body.contains("version=\"1\""), "{}", rlconfig.body);
+    assert!(pod.xds.received()[0].client_certificates >= 1);
 
     // A client with a certificate from the CA is served: the RLS, health and reflection all on
     // the one TLS listener.
@@ -279,10 +320,11 @@ fn envoy_gateways_environment_serves_envoy_over_mutual_tls() {
 fn a_client_certificate_without_the_required_san_is_refused() {
     let redis = RedisServer::start();
     let pod = Pod::new();
-    let ratelimit = envoy_gateway_env(&pod, &redis)
-        .env("GRPC_CLIENT_TLS_CACERT", pod.path("certs/ca.crt"))
-        .env("GRPC_CLIENT_TLS_SAN", "envoy.envoy-gateway-system")
-        .start_healthy();
+    let ratelimit = pod.start(
+        envoy_gateway_env(&pod, &redis)
+            .env("GRPC_CLIENT_TLS_CACERT", pod.path("certs/ca.crt"))
+            .env("GRPC_CLIENT_TLS_SAN", "envoy.envoy-gateway-system"),
+    );
     let grpc = ratelimit.addr("grpc");
     let ca = pod.ca_path();
     let right = pod.ca.issue(
@@ -303,7 +345,7 @@ fn a_client_certificate_without_the_required_san_is_refused() {
 fn rotating_the_server_certificate_in_place_keeps_serving() {
     let redis = RedisServer::start();
     let mut pod = Pod::new();
-    let ratelimit = envoy_gateway_env(&pod, &redis).start_healthy();
+    let ratelimit = pod.start(envoy_gateway_env(&pod, &redis));
     let grpc = ratelimit.addr("grpc");
     let client = pod.ca.issue("client", &["client"], Usage::Client);
     let (cert, key) = pod.client_files(&client, "client");
@@ -374,7 +416,7 @@ fn rotating_the_server_certificate_in_place_keeps_serving() {
 fn a_renewal_that_does_not_load_keeps_the_last_good_certificate() {
     let redis = RedisServer::start();
     let mut pod = Pod::new();
-    let ratelimit = envoy_gateway_env(&pod, &redis).start_healthy();
+    let ratelimit = pod.start(envoy_gateway_env(&pod, &redis));
     let grpc = ratelimit.addr("grpc");
     let client = pod.ca.issue("client", &["client"], Usage::Client);
     let presented = || presented_certificate(grpc, "localhost", pod.ca.pem(), Some(&client));

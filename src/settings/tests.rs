@@ -324,8 +324,6 @@ fn unsupported_settings_stop_or_warn_as_carrying_on_would_surprise_or_not() {
         e.starts_with("BACKEND_TYPE=memcache: tollgate has no memcached backend"),
         "{e}"
     );
-    let e = error(Entry::Tollgate, &[("MERGE_DOMAIN_CONFIG", "true")]);
-    assert!(e.starts_with("MERGE_DOMAIN_CONFIG=true"), "{e}");
     let settings = resolve(
         Entry::Tollgate,
         &config_flag(),
@@ -431,4 +429,51 @@ fn go_numbers_and_durations() {
         Some("[::1]:9090".parse().unwrap())
     );
     assert_eq!(listen_addr("9090"), None);
+}
+
+/// The reference's counting, quota mode, dynamic metadata and merged domains follow its
+/// variables; `ratelimit` charges every hit unless told to stop, `tollgate serve` only admitted
+/// ones, and a flag wins over both.
+#[test]
+fn the_references_behaviour_switches_apply() {
+    let plain = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();
+    assert_eq!(plain.limiter.counting, Counting::Admitted);
+    assert!(!plain.limiter.quota_mode && !plain.limiter.response_dynamic_metadata);
+    assert!(!plain.load_options.merge_domains);
+
+    let reference = resolve(Entry::Reference, &config_flag(), &[]).unwrap();
+    assert_eq!(reference.limiter.counting, Counting::All);
+    let stop = [("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")];
+    let stopped = resolve(Entry::Reference, &config_flag(), &stop).unwrap();
+    assert_eq!(stopped.limiter.counting, Counting::Admitted);
+    let charge = [("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")];
+    let charged = resolve(Entry::Tollgate, &config_flag(), &charge).unwrap();
+    assert_eq!(charged.limiter.counting, Counting::All);
+    let flagged = Flags {
+        counting: Some(CountingArg::Admitted),
+        quota_mode: Some(false),
+        ..config_flag()
+    };
+    let vars = [
+        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false"),
+        ("QUOTA_MODE", "true"),
+    ];
+    let flags_win = resolve(Entry::Reference, &flagged, &vars).unwrap();
+    assert_eq!(flags_win.limiter.counting, Counting::Admitted);
+    assert!(!flags_win.limiter.quota_mode);
+
+    let vars = [
+        ("QUOTA_MODE", "true"),
+        ("RESPONSE_DYNAMIC_METADATA", "1"),
+        ("MERGE_DOMAIN_CONFIG", "t"),
+    ];
+    let all = resolve(Entry::Tollgate, &config_flag(), &vars).unwrap();
+    assert!(all.limiter.quota_mode && all.limiter.response_dynamic_metadata);
+    assert!(all.load_options.merge_domains);
+    assert!(all.notices.is_empty(), "{:?}", all.notices);
+    let e = error(Entry::Tollgate, &[("QUOTA_MODE", "sometimes")]);
+    assert!(
+        e.starts_with("QUOTA_MODE=sometimes: expected true or false"),
+        "{e}"
+    );
 }

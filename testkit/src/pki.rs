@@ -33,6 +33,12 @@ pub struct Issued {
 }
 
 impl Issued {
+    /// Files written by another issuer: `dir` must hold `tls.crt`, `tls.key` and `ca.crt`. For a
+    /// server that has to share its CA with certificates a test made by other means.
+    pub fn from_dir(dir: PathBuf) -> Issued {
+        Issued { dir }
+    }
+
     /// The directory (`/certs` in Envoy Gateway's pods).
     pub fn dir(&self) -> &Path {
         &self.dir
