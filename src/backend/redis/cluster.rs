@@ -18,7 +18,7 @@ use redis::cluster_async::ClusterConnection;
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, Reconnecting, backend_error, is_noscript};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
 /// deadline (the connection outlives the call that opened it).
@@ -188,5 +188,9 @@ impl Backend for ClusterBackend {
         tokio::time::timeout(self.timeout, ping)
             .await
             .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.failures.sustained()
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError};
 
-use super::BackendError;
+use super::{BackendError, SustainedFailure};
 
 pub use cluster::ClusterBackend;
 pub use keys::KeySpace;
@@ -59,6 +59,8 @@ struct FailureLog {
 struct Reports {
     last: Option<Instant>,
     unreported: u64,
+    /// When the current run of failures began, and its latest error as last reported.
+    since: Option<(Instant, String)>,
 }
 
 impl FailureLog {
@@ -69,6 +71,9 @@ impl FailureLog {
             return;
         };
         reports.unreported += 1;
+        if reports.since.is_none() {
+            reports.since = Some((Instant::now(), err.to_string()));
+        }
         if reports
             .last
             .is_none_or(|last| last.elapsed() >= REPORT_EVERY)
@@ -80,7 +85,25 @@ impl FailureLog {
             );
             reports.last = Some(Instant::now());
             reports.unreported = 0;
+            if let Some((_, latest)) = reports.since.as_mut() {
+                *latest = err.to_string();
+            }
         }
+    }
+
+    /// Since when every call has failed, while the latest one failed.
+    fn sustained(&self) -> Option<SustainedFailure> {
+        if !self.failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let reports = self.reports.lock().ok()?;
+        reports
+            .since
+            .as_ref()
+            .map(|(since, error)| SustainedFailure {
+                since: *since,
+                error: error.clone(),
+            })
     }
 
     /// Records one successful backend call; reports the end of a failure burst.

@@ -18,7 +18,7 @@ use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, Value};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, Reconnecting, backend_error};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// Shared connections kept checked out of the pool.
 const LANES: usize = 4;
@@ -354,5 +354,9 @@ impl Backend for RedisBackend {
         tokio::time::timeout(self.timeout, ping)
             .await
             .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.failures.sustained()
     }
 }
