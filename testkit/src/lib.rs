@@ -14,6 +14,7 @@ pub mod in_process;
 pub mod net;
 pub mod policy;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod requests;
 pub mod rls;

@@ -37,9 +37,29 @@ fn backend_error(err: &RedisError) -> BackendError {
     }
 }
 
-/// Whether an error says the server lost the script cache (restart, failover, SCRIPT FLUSH).
-fn is_noscript(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript)
+/// What a permission check found: the error names the command the Redis user may not run (or
+/// the keys it may not touch) and how to grant it.
+fn permission_error(err: &RedisError, user: &str) -> Option<BackendError> {
+    if err.kind() != ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        return None;
+    }
+    let detail = err.to_string();
+    let lower = detail.to_ascii_lowercase();
+    let what = ["script|load", "evalsha", "eval", "script", "ping"]
+        .into_iter()
+        .find(|command| lower.contains(&format!("'{command}'")))
+        .map(|command| {
+            format!(
+                "may not run {}",
+                command.to_ascii_uppercase().replace('|', " ")
+            )
+        })
+        .unwrap_or_else(|| "may not touch tollgate's keys".to_owned());
+    Some(BackendError::Protocol(format!(
+        "the Redis user {user} {what} ({detail}); tollgate needs +evalsha +eval +script|load \
+         +ping and its key prefix (e.g. ACL SETUSER {user} +evalsha +eval +script|load +ping \
+         ~<prefix>*)"
+    )))
 }
 
 /// How often a continuing failure is reported again.

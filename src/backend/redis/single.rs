@@ -32,6 +32,8 @@ const NAME: &str = "redis";
 /// Sliding windows in one Redis server, shared by every tollgate instance that uses it.
 pub struct RedisBackend {
     pool: Pool,
+    /// The Redis user tollgate logs in as, for permission errors (`default` without one).
+    user: String,
     lanes: Box<[Lane]>,
     next_lane: AtomicUsize,
     scripts: Scripts,
@@ -72,6 +74,10 @@ impl RedisBackend {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(connect_timeout));
+        let user = redis::IntoConnectionInfo::into_connection_info(url)
+            .ok()
+            .and_then(|info| info.redis_settings().username().map(str::to_owned))
+            .unwrap_or_else(|| "default".to_owned());
         let manager = Manager::new_with_config(url, config)
             .map_err(|err| BackendError::Unavailable(format!("redis url {url:?}: {err}")))?;
         let pool = Pool::builder(manager)
@@ -84,6 +90,7 @@ impl RedisBackend {
             .map_err(|err| BackendError::Unavailable(format!("redis pool: {err}")))?;
         let backend = RedisBackend {
             pool,
+            user,
             lanes: (0..LANES).map(|_| Lane::default()).collect(),
             next_lane: AtomicUsize::new(0),
             scripts: Scripts::default(),
@@ -91,8 +98,13 @@ impl RedisBackend {
             timeout,
             failures: FailureLog::default(),
         };
-        if let Err(err) = backend.load_scripts(connect_timeout).await {
-            tracing::warn!("redis at {url} is not reachable yet ({err}); retrying on each call");
+        match backend.load_scripts(connect_timeout).await {
+            Ok(()) => {}
+            // A user who may not run the scripts fails every decision: say so now, not later.
+            Err(Checked::Refused(err)) => return Err(err),
+            Err(Checked::Failed(err)) => {
+                tracing::warn!("redis is not reachable yet ({err}); retrying on each call")
+            }
         }
         Ok(backend)
     }
@@ -107,21 +119,16 @@ impl RedisBackend {
         self.decide(hits, Some(now_ms)).await
     }
 
-    /// Loads every script into the server's cache, so that the first calls find them.
-    async fn load_scripts(&self, within: Duration) -> Result<(), BackendError> {
+    /// Loads every script into the server's cache, so that the first calls find them, and
+    /// checks that the user may run them.
+    async fn load_scripts(&self, within: Duration) -> Result<(), Checked> {
         let load = async {
-            let (_, mut conn) = self.connection().await?;
-            let mut pipe = redis::pipe();
-            for cmd in self.scripts.load_commands() {
-                pipe.add_command(cmd).ignore();
-            }
-            pipe.query_async::<()>(&mut conn)
-                .await
-                .map_err(|err| backend_error(&err))
+            let (_, mut conn) = self.connection().await.map_err(Checked::Failed)?;
+            check_permissions(&mut conn, &self.scripts, &self.keys, &self.user).await
         };
         tokio::time::timeout(within, load)
             .await
-            .unwrap_or(Err(BackendError::Timeout(within)))
+            .unwrap_or(Err(Checked::Failed(BackendError::Timeout(within))))
     }
 
     async fn decide(
@@ -149,7 +156,8 @@ impl RedisBackend {
         };
         let mut calls = calls.into_iter();
         let mut refused = refused.into_iter().peekable();
-        hits.iter()
+        let results: Vec<Result<Outcome, BackendError>> = hits
+            .iter()
             .enumerate()
             .map(|(index, hit)| {
                 if let Some((_, err)) = refused.next_if(|(at, _)| *at == index) {
@@ -169,21 +177,28 @@ impl RedisBackend {
                     Err(err) => Err(err.clone()),
                 }
             })
-            .collect()
+            .collect();
+        self.record(&results);
+        results
+    }
+
+    /// Counts a batch of answers for the failure log: any failed call (a script the server
+    /// refused, say out of memory, as much as a connection that broke) is a failure, so a server
+    /// that answers pings but runs no script does not pass for a healthy one.
+    fn record<T>(&self, results: &[Result<T, BackendError>]) {
+        match results.iter().find_map(|result| result.as_ref().err()) {
+            Some(err) => self.failures.failure(NAME, err),
+            None if !results.is_empty() => self.failures.success(NAME),
+            None => {}
+        }
     }
 
     /// Runs `calls` within the deadline, answering one reply per call (see [`call_result`]).
     async fn run(&self, calls: &[Call<'_>]) -> Result<Vec<Value>, BackendError> {
-        let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls)).await;
-        let result = match outcome {
+        match tokio::time::timeout(self.timeout, self.pipeline(calls)).await {
             Ok(result) => result,
             Err(_) => Err(BackendError::Timeout(self.timeout)),
-        };
-        match &result {
-            Ok(_) => self.failures.success(NAME),
-            Err(err) => self.failures.failure(NAME, err),
         }
-        result
     }
 
     /// Sends `calls` in one round trip: one command alone, several as a pipeline.
@@ -226,14 +241,25 @@ impl RedisBackend {
     }
 
     /// A connection to send on: a lane's shared connection, refilled from the pool when empty.
+    /// A refilled lane checks first that the user may still run the scripts (an ACL can change
+    /// while tollgate runs), and logs an error naming what is missing if not.
     async fn connection(&self) -> Result<(usize, MultiplexedConnection), BackendError> {
         let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % LANES;
         let pool = self.pool.clone();
+        let (scripts, keys, user) = (self.scripts.clone(), self.keys.clone(), self.user.clone());
         let pooled = self.lanes[index]
             .connection
             .get_or_open(move || async move {
                 match pool.get().await {
-                    Ok(pooled) => Ok(Arc::new(pooled)),
+                    Ok(pooled) => {
+                        let mut conn = MultiplexedConnection::clone(&pooled);
+                        if let Err(Checked::Refused(err)) =
+                            check_permissions(&mut conn, &scripts, &keys, &user).await
+                        {
+                            tracing::error!("redis connection reopened, but {err}");
+                        }
+                        Ok(Arc::new(pooled))
+                    }
                     Err(deadpool_redis::PoolError::Backend(err)) => Err(backend_error(&err)),
                     Err(other) => Err(BackendError::Unavailable(format!(
                         "redis connection: {other}"
@@ -256,6 +282,40 @@ impl RedisBackend {
         }
         backend_error(err)
     }
+}
+
+/// What a permission check found wrong.
+#[derive(Debug)]
+enum Checked {
+    /// The user may not run what tollgate needs: every decision would fail.
+    Refused(BackendError),
+    /// The check itself could not be made (the server is down, slow or loading).
+    Failed(BackendError),
+}
+
+/// Loads the scripts (`SCRIPT LOAD`) and runs a harmless one (`EVALSHA` of a check-only decision
+/// on a key of its own), which is what every decision needs the user to be allowed: the commands
+/// and the key prefix.
+async fn check_permissions(
+    conn: &mut MultiplexedConnection,
+    scripts: &Scripts,
+    keys: &KeySpace,
+    user: &str,
+) -> Result<(), Checked> {
+    let classify = |err: RedisError| match super::permission_error(&err, user) {
+        Some(refused) => Checked::Refused(refused),
+        None => Checked::Failed(backend_error(&err)),
+    };
+    for cmd in scripts.load_commands() {
+        cmd.query_async::<Value>(conn).await.map_err(classify)?;
+    }
+    let reply = scripts
+        .probe(keys)
+        .evalsha()
+        .query_async::<Value>(conn)
+        .await
+        .map_err(classify)?;
+    call_result(reply).map(drop).map_err(classify)
 }
 
 /// Sends `commands` in one round trip and answers their replies in order: a command alone goes
@@ -337,10 +397,15 @@ impl Backend for RedisBackend {
             return Ok(());
         }
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        for reply in self.run(&calls).await? {
-            call_result(reply).map_err(|err| backend_error(&err))?;
-        }
-        Ok(())
+        let results: Vec<Result<Value, BackendError>> = match self.run(&calls).await {
+            Ok(replies) => replies
+                .into_iter()
+                .map(|reply| call_result(reply).map_err(|err| backend_error(&err)))
+                .collect(),
+            Err(err) => vec![Err(err)],
+        };
+        self.record(&results);
+        results.into_iter().try_for_each(|result| result.map(drop))
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
