@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tollgate::backend::redis::{ClusterBackend, RedisBackend};
 use tollgate::backend::shard::Sharded;
-use tollgate::backend::{AnyBackend, MemoryBackend};
+use tollgate::backend::{AnyBackend, MemoryBackend, memory};
 use tollgate::config::{Config, FailureMode};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::server::{self, Listeners, ServeOptions};
@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the RLS gRPC API, gRPC health and reflection, and the admin HTTP interface.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate policy files and print the resolved policy table.
     Check {
         /// A YAML file or a directory of *.yaml / *.yml files.
@@ -105,6 +105,29 @@ struct ServeArgs {
     /// How often the config path is checked for changes (SIGHUP reloads at once).
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     reload_interval: Duration,
+    /// How long a changed config must stay unchanged before it is loaded (a file caught
+    /// mid-write is never applied).
+    #[arg(long, env = "TOLLGATE_RELOAD_SETTLE", default_value = "1s", value_parser = humantime::parse_duration)]
+    reload_settle: Duration,
+    /// Apply a reloaded config that has no policies at all (every request then allowed); by
+    /// default such a reload is refused and the last good policies stay.
+    #[arg(long, env = "TOLLGATE_ALLOW_EMPTY_CONFIG", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    allow_empty_config: bool,
+    /// The most bytes the memory backend holds (e.g. `256MiB`, `1GiB`, at least 1MiB); past it
+    /// expired windows are dropped first, then those expiring soonest. Default: 256MiB, or half
+    /// the cgroup's memory limit when that is smaller.
+    #[arg(long, env = "TOLLGATE_MEMORY_BUDGET", value_parser = parse_bytes)]
+    memory_budget: Option<usize>,
+    /// The most decisions in flight at once; past it a call is answered at once with
+    /// RESOURCE_EXHAUSTED (Envoy applies its failure_mode_deny). 0: unbounded.
+    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT", default_value_t = server::DEFAULT_MAX_IN_FLIGHT)]
+    max_in_flight: usize,
+    /// Turn health NOT_SERVING once every backend call has failed for this long (e.g. `30s`).
+    /// Unset: a sustained failure is logged as an error and health stays SERVING, since each
+    /// limit answers its failure_mode.
+    #[arg(long, env = "TOLLGATE_HEALTH_FAIL_AFTER", value_parser = humantime::parse_duration)]
+    health_fail_after: Option<Duration>,
     /// How long SIGTERM waits for calls and streams in flight before exiting anyway.
     #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
@@ -124,6 +147,42 @@ fn parse_key_prefix(prefix: &str) -> Result<String, String> {
     }
 }
 
+/// Reads a size in bytes: a number with an optional unit (`B`, `KiB`, `MiB`, `GiB`, or `KB`,
+/// `MB`, `GB` in powers of ten; `K`, `M`, `G` are read as KiB, MiB, GiB).
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: expected a number such as 256MiB"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {text:?}: use B, KiB, MiB, GiB, KB, MB or GB"
+            ));
+        }
+    };
+    let bytes = number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes < memory::MIN_BUDGET {
+        return Err(format!(
+            "{text:?} is below the smallest memory budget, 1MiB"
+        ));
+    }
+    Ok(bytes)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -138,7 +197,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match run_serve(args, config) {
+            match run_serve(*args, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("tollgate: {error:#}");
@@ -201,7 +260,11 @@ fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         let options = ServeOptions {
             config_path: args.config.clone(),
             reload_interval: args.reload_interval,
+            reload_settle: args.reload_settle,
+            allow_empty_config: args.allow_empty_config,
             drain_timeout: args.drain_timeout,
+            max_in_flight: (args.max_in_flight > 0).then_some(args.max_in_flight),
+            health_fail_after: args.health_fail_after,
         };
         server::serve(limiter, listeners, options, termination())
             .await
@@ -211,7 +274,14 @@ fn run_serve(args: ServeArgs, config: Config) -> anyhow::Result<()> {
 
 async fn connect_backend(args: &ServeArgs) -> anyhow::Result<Sharded<AnyBackend>> {
     let backend = match args.backend {
-        BackendKind::Memory => AnyBackend::Memory(MemoryBackend::new()),
+        BackendKind::Memory => {
+            let budget = args.memory_budget.unwrap_or_else(memory::default_budget);
+            tracing::info!(budget_bytes = budget, "memory backend");
+            AnyBackend::Memory(MemoryBackend::with_budget(
+                Arc::new(tollgate::clock::SystemClock),
+                budget,
+            ))
+        }
         BackendKind::Redis => AnyBackend::Redis(
             RedisBackend::connect(&args.redis_url, &args.key_prefix, args.backend_timeout)
                 .await

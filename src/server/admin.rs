@@ -14,6 +14,7 @@ use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 
 use super::App;
+use super::rls::OVERLOADED;
 use crate::backend::Backend;
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitRequest, rate_limit_response::Code};
 
@@ -35,6 +36,8 @@ async fn healthcheck<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
 }
 
 async fn metrics<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
+    app.metrics
+        .observe_memory(app.limiter.backend().memory_usage());
     (
         [(
             header::CONTENT_TYPE,
@@ -91,6 +94,12 @@ async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Respon
     };
     let response = match app.decide(request).await {
         Ok(response) => response,
+        Err(status) if status.code() == OVERLOADED => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                status.message().to_string(),
+            );
+        }
         Err(status) => return text(StatusCode::BAD_REQUEST, status.message().to_string()),
     };
     let code = if response.overall_code == Code::OverLimit as i32 {

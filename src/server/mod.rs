@@ -62,9 +62,45 @@ pub struct ServeOptions {
     pub config_path: PathBuf,
     /// How often the config path is checked for changes.
     pub reload_interval: Duration,
+    /// How long a changed config must stay unchanged before it is loaded, so a file caught
+    /// mid-write is not applied truncated.
+    pub reload_settle: Duration,
+    /// Whether a reload that finds no policies at all is applied (every request then allowed);
+    /// by default it is refused and the last good policies stay.
+    pub allow_empty_config: bool,
     /// How long a shutdown waits for calls and streams in flight before cutting them.
     pub drain_timeout: Duration,
+    /// The most decisions in flight at once (gRPC and `POST /json` together); past it a call is
+    /// answered at once with `RESOURCE_EXHAUSTED`. `None`: unbounded.
+    pub max_in_flight: Option<usize>,
+    /// When set, health turns NOT_SERVING once every backend call has failed for this long
+    /// (and SERVING again at the next success). Unset, a sustained failure is logged loudly but
+    /// health stays SERVING, since each limit answers its `failure_mode`.
+    pub health_fail_after: Option<Duration>,
 }
+
+impl Default for ServeOptions {
+    /// The defaults of `tollgate serve`, for a config at `./config`.
+    fn default() -> Self {
+        ServeOptions {
+            config_path: PathBuf::from("config"),
+            reload_interval: Duration::from_secs(2),
+            reload_settle: reload::DEFAULT_SETTLE,
+            allow_empty_config: false,
+            drain_timeout: Duration::from_secs(10),
+            max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
+            health_fail_after: None,
+        }
+    }
+}
+
+/// The default bound on decisions in flight. At the 50 ms backend deadline this is some 20,000
+/// decisions a second waiting on the backend, beyond what one instance decides; a burst past it
+/// is answered at once instead of queueing past Envoy's own timeout (20 ms by default).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// How often the backend's housekeeping runs ([`Backend::maintain`]).
+pub const MAINTAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -108,11 +144,11 @@ pub async fn serve<B: Backend>(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
-    let app = Arc::new(App {
-        limiter: Arc::clone(&limiter),
-        health: Arc::clone(&health),
-        metrics: Metrics::new(),
-    });
+    let app = Arc::new(App::new(
+        Arc::clone(&limiter),
+        Arc::clone(&health),
+        options.max_in_flight,
+    ));
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -125,12 +161,18 @@ pub async fn serve<B: Backend>(
     let probe = tokio::spawn(health::probe_backend(
         Arc::clone(&health),
         Arc::clone(&limiter),
+        options.health_fail_after,
     ));
     let reloader = tokio::spawn(reload::watch(
         Arc::clone(&limiter),
         options.config_path.clone(),
-        options.reload_interval,
+        reload::Watch {
+            interval: options.reload_interval,
+            settle: options.reload_settle,
+            allow_empty: options.allow_empty_config,
+        },
     ));
+    let maintenance = tokio::spawn(maintain(Arc::clone(&limiter)));
 
     // One shutdown signal fans out to both servers after health has turned NOT_SERVING.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -180,6 +222,7 @@ pub async fn serve<B: Backend>(
     };
     probe.abort();
     reloader.abort();
+    maintenance.abort();
     match outcome {
         Some((grpc_result, http_result)) => {
             grpc_result?;
@@ -192,6 +235,16 @@ pub async fn serve<B: Backend>(
         ),
     }
     Ok(())
+}
+
+/// Runs the backend's housekeeping forever ([`Backend::maintain`]).
+async fn maintain<B: Backend>(limiter: Arc<Limiter<B>>) {
+    let mut ticker = tokio::time::interval(MAINTAIN_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        limiter.backend().maintain().await;
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {

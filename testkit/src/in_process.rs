@@ -46,6 +46,9 @@ pub struct InProcessBuilder {
     backend_timeout: Duration,
     reload_interval: Duration,
     drain_timeout: Duration,
+    /// The remaining serve options (bounds, reload safety, health), as `tollgate serve`'s
+    /// defaults unless set.
+    options: ServeOptions,
 }
 
 impl Default for InProcessBuilder {
@@ -60,6 +63,7 @@ impl Default for InProcessBuilder {
             backend_timeout: CALL_TIMEOUT,
             reload_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(1),
+            options: ServeOptions::default(),
         }
     }
 }
@@ -108,6 +112,30 @@ impl InProcessBuilder {
         self
     }
 
+    /// `--reload-settle` (default 1 s).
+    pub fn reload_settle(mut self, settle: Duration) -> Self {
+        self.options.reload_settle = settle;
+        self
+    }
+
+    /// `--allow-empty-config`.
+    pub fn allow_empty_config(mut self, allow: bool) -> Self {
+        self.options.allow_empty_config = allow;
+        self
+    }
+
+    /// `--max-in-flight` (`None`: unbounded).
+    pub fn max_in_flight(mut self, bound: Option<usize>) -> Self {
+        self.options.max_in_flight = bound;
+        self
+    }
+
+    /// `--health-fail-after`.
+    pub fn health_fail_after(mut self, after: Duration) -> Self {
+        self.options.health_fail_after = Some(after);
+        self
+    }
+
     /// Starts serving and waits until gRPC health answers SERVING (policies loaded, backend
     /// answering).
     pub fn start(self) -> InProcess {
@@ -135,6 +163,7 @@ impl InProcessBuilder {
             config_path: config_dir.clone(),
             reload_interval: self.reload_interval,
             drain_timeout: self.drain_timeout,
+            ..self.options
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let (served, grpc_addr, http_addr) = runtime.block_on(async {
