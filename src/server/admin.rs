@@ -71,6 +71,14 @@ static JSON_TYPES: LazyLock<Result<JsonTypes, String>> = LazyLock::new(|| {
 });
 
 async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Response {
+    answer_json(&app, &body).await
+}
+
+/// What `POST /json` answers for `body`: the proto3 JSON of the `RateLimitResponse` with 200 or
+/// 429, or a message with 400 (unreadable or invalid), 503 (draining, overloaded) or 500 (the
+/// response could not be encoded, which no input should cause). The request path of the JSON
+/// door, callable without a socket (the fuzz target calls it).
+pub async fn answer_json<B: Backend>(app: &App<B>, body: &[u8]) -> Response {
     let types = match JSON_TYPES.as_ref() {
         Ok(types) => types,
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.clone()),
@@ -85,7 +93,7 @@ async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Respon
             "draining: shutting down".into(),
         );
     }
-    let request = match parse_request(&types.request, &body) {
+    let request = match parse_request(&types.request, body) {
         Ok(request) => request,
         Err(message) => {
             app.metrics.observe_unreadable();

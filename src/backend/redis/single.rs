@@ -99,7 +99,16 @@ impl RedisBackend {
             failures: FailureLog::default(),
         };
         match backend.load_scripts(connect_timeout).await {
-            Ok(()) => {}
+            Ok(()) => {
+                // Every lane opens (and checks) its connection now rather than on the first
+                // calls that reach it.
+                for _ in 1..LANES {
+                    let opened = tokio::time::timeout(connect_timeout, backend.connection()).await;
+                    if !matches!(opened, Ok(Ok(_))) {
+                        break;
+                    }
+                }
+            }
             // A user who may not run the scripts fails every decision: say so now, not later.
             Err(Checked::Refused(err)) => return Err(err),
             Err(Checked::Failed(err)) => {
