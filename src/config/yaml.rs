@@ -27,6 +27,20 @@ fn position_of(marker: &Marker) -> Pos {
     }
 }
 
+/// `pos`, or the end of the text when the parser points past it (it reports an error at the end
+/// of input on the line after the last one), so a message never names a line the file lacks.
+fn within(text: &str, pos: Pos) -> Pos {
+    let lines = text.split('\n').count();
+    if pos.line <= lines {
+        return pos;
+    }
+    let last = text.rsplit('\n').next().unwrap_or("");
+    Pos {
+        line: lines,
+        column: last.chars().count() + 1,
+    }
+}
+
 /// A YAML syntax or structure error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct YamlError {
@@ -285,7 +299,7 @@ pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
     };
     for event in Parser::new_from_str(text) {
         let (event, span) = event.map_err(|e| YamlError {
-            pos: position_of(e.marker()),
+            pos: within(text, position_of(e.marker())),
             message: format!("invalid YAML: {}", e.info()),
         })?;
         builder.on_event(event, span)?;
