@@ -99,7 +99,8 @@ impl ClusterBackend {
             .retries(0)
             .build()
             .map_err(|err| {
-                BackendError::Unavailable(format!("redis cluster urls {seed_urls:?}: {err}"))
+                let urls: Vec<String> = seed_urls.iter().map(|url| super::redacted(url)).collect();
+                BackendError::Unavailable(format!("redis cluster urls {urls:?}: {err}"))
             })?;
         let backend = ClusterBackend {
             client: Box::new(client),

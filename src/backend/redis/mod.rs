@@ -37,6 +37,20 @@ fn backend_error(err: &RedisError) -> BackendError {
     }
 }
 
+/// `url` with its password replaced by `***`, for messages: no credential is ever printed.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((credentials, host)) => match credentials.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 /// What a permission check found: the error names the command the Redis user may not run (or
 /// the keys it may not touch) and how to grant it.
 fn permission_error(err: &RedisError, user: &str) -> Option<BackendError> {
@@ -240,5 +254,25 @@ impl<T: Clone + Send + 'static> Reconnecting<T> {
             .as_ref()
             .filter(|(when, _)| when.elapsed() < PAUSE_AFTER_FAILURE)
             .map(|(_, err)| err.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redacted("redis://app:s3cret@10.0.0.1:6379/0"),
+            "redis://app:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redacted("rediss://:s3cret@host:6380"),
+            "rediss://:***@host:6380"
+        );
+        assert_eq!(redacted("redis://app@host"), "redis://app@host");
+        assert_eq!(redacted("redis://host:6379"), "redis://host:6379");
+        assert_eq!(redacted("not a url"), "not a url");
     }
 }

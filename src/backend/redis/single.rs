@@ -78,8 +78,9 @@ impl RedisBackend {
             .ok()
             .and_then(|info| info.redis_settings().username().map(str::to_owned))
             .unwrap_or_else(|| "default".to_owned());
-        let manager = Manager::new_with_config(url, config)
-            .map_err(|err| BackendError::Unavailable(format!("redis url {url:?}: {err}")))?;
+        let manager = Manager::new_with_config(url, config).map_err(|err| {
+            BackendError::Unavailable(format!("redis url {:?}: {err}", super::redacted(url)))
+        })?;
         let pool = Pool::builder(manager)
             .max_size(LANES * 2)
             .wait_timeout(Some(connect_timeout))
