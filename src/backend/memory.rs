@@ -13,8 +13,9 @@
 //! - **A budget.** The bytes held (the tables' allocations and the sliding-window logs' entries,
 //!   as asked of the allocator) never exceed the budget given at construction
 //!   ([`MemoryBackend::with_budget`], `--memory-budget`), split evenly over the shards. A table
-//!   only grows when the old and the new allocation fit in its share together, so not even the
-//!   copy made while growing goes over.
+//!   only grows to a size it could be rebuilt at within its share (twice its allocation), so not
+//!   even the copies made while growing or rebuilding go over. The one thing outside the count is
+//!   the allocator's own overhead per allocation (a few bytes per log).
 //! - **Eviction order** when a new key does not fit: first every expired window of the shard,
 //!   then the windows that expire soonest (an eighth of the shard at a time, so the cost is
 //!   amortized). A log that cannot grow because its shard holds nothing else to evict merges its
@@ -29,7 +30,8 @@
 //!   service is idle. A sweep that leaves a table mostly empty shrinks it.
 //! - **Small keys.** A window is stored under a 128-bit keyed hash of its identity (key,
 //!   algorithm, window), not the key's text, so a key costs the same however long the client made
-//!   its values: a counter is one 48-byte table slot and nothing else. Two identities share a
+//!   its values: a counter is one 48-byte table slot and nothing else, under 64 bytes a key with
+//!   the table's free slots counted; a log adds its 48-byte header and 24 bytes an entry. Two identities share a
 //!   window only if both 64-bit halves of their keyed hashes collide, a chance of 2^-128 per pair
 //!   that no client can steer (the hash keys are random per process).
 //!
