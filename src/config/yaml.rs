@@ -29,16 +29,30 @@ fn position_of(marker: &Marker) -> Pos {
 
 /// `pos`, or the end of the text when the parser points past it (it reports an error at the end
 /// of input on the line after the last one), so a message never names a line the file lacks.
+/// Lines end as YAML ends them: at `\r\n`, `\r` or `\n`.
 fn within(text: &str, pos: Pos) -> Pos {
-    let lines = text.split('\n').count();
-    if pos.line <= lines {
+    let lines = yaml_lines(text);
+    if pos.line <= lines.len() {
         return pos;
     }
-    let last = text.rsplit('\n').next().unwrap_or("");
+    let last = lines.last().copied().unwrap_or("");
     Pos {
-        line: lines,
+        line: lines.len().max(1),
         column: last.chars().count() + 1,
     }
+}
+
+/// The lines of `text` as YAML counts them (a text always has at least one, maybe empty).
+fn yaml_lines(text: &str) -> Vec<&str> {
+    let mut lines = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(['\r', '\n']) {
+        lines.push(&rest[..at]);
+        let width = if rest[at..].starts_with("\r\n") { 2 } else { 1 };
+        rest = &rest[at + width..];
+    }
+    lines.push(rest);
+    lines
 }
 
 /// A YAML syntax or structure error.
@@ -548,6 +562,17 @@ fn unsupported_tag(tag: &Tag, pos: Pos) -> YamlError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_at_the_end_of_input_points_at_the_last_line() {
+        let error = parse("domain: \"\"\ndescriptrequests_p").unwrap_err();
+        assert_eq!((error.pos.line, error.pos.column), (2, 19), "{error:?}");
+        assert_eq!(yaml_lines("a\r\nb\rc\n"), ["a", "b", "c", ""]);
+        assert_eq!(yaml_lines(""), [""]);
+        // A file whose lines end in a lone CR keeps the lines YAML counts.
+        let error = parse("domain: d\rdescriptors: []\rdomain: e\r").unwrap_err();
+        assert_eq!(error.pos.line, 3, "{error:?}");
+    }
 
     fn root(text: &str) -> Node {
         parse(text).unwrap().unwrap()

@@ -54,7 +54,8 @@ pub fn yaml_config(data: &[u8]) {
         }
         Err(error) => {
             assert_eq!(error.file.to_str(), Some("fuzz.yaml"));
-            let lines = text.split('\n').count();
+            // Lines end as YAML ends them: at `\r\n`, `\r` or `\n`.
+            let lines = text.replace("\r\n", "\n").split(['\r', '\n']).count();
             assert!(
                 (1..=lines).contains(&error.line),
                 "line {} of {lines}: {error}",
