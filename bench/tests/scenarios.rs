@@ -253,7 +253,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     // overload: every bound measured; refusals only where there is a bound.
     let overload = records(&results, "overload");
     let overloads = of_kind(&overload, "run");
-    for bound in [0, 1024, 256] {
+    for bound in [0, 1024, 256, 64] {
         let run = overloads
             .iter()
             .find(|r| r["bound"] == bound)
@@ -261,7 +261,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(number(run, &["saturation"]) > 0.0, "{run}");
         assert!(number(run, &["rss_after"]) > 0.0, "{run}");
     }
-    assert_eq!(table_after(&doc, "### Twice the saturation rate").len(), 3);
+    assert_eq!(table_after(&doc, "### Twice the saturation rate").len(), 4);
 
     // memory: both algorithms, the budget held, idle readings after the flood.
     let memory = records(&results, "memory");

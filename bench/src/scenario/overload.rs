@@ -35,7 +35,7 @@ pub struct OverloadOptions {
     pub backend: Backend,
 
     /// `--max-in-flight` values to compare, comma-separated; 0 is unbounded.
-    #[arg(long = "bounds", value_delimiter = ',', default_values_t = [0usize, 1024, 256])]
+    #[arg(long = "bounds", value_delimiter = ',', default_values_t = [0usize, 1024, 256, 64])]
     pub bounds: Vec<usize>,
 
     /// How many times the saturation rate the overload phase sends.
