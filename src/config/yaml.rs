@@ -30,7 +30,7 @@ fn position_of(marker: &Marker) -> Pos {
 /// `pos`, or the end of the text when the parser points past it (it reports an error at the end
 /// of input on the line after the last one), so a message never names a line the file lacks.
 /// Lines end as YAML ends them: at `\r\n`, `\r` or `\n`.
-fn within(text: &str, pos: Pos) -> Pos {
+pub(super) fn within(text: &str, pos: Pos) -> Pos {
     let lines = yaml_lines(text);
     if pos.line <= lines.len() {
         return pos;

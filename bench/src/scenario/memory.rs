@@ -3,7 +3,7 @@
 //! Every request carries a value never seen before (drawn from 2^40), as an attacker flooding
 //! the key space would send. Two stands per algorithm:
 //!
-//! - **at the budget**: hour-long windows, so nothing expires, and `--memory-budget 16MiB`; the
+//! - **at the budget**: hour-long windows, so nothing expires, and `--memory-budget 4MiB`; the
 //!   flood runs for every run's duration in turn, and after each the backend's own accounting is
 //!   read from `/metrics` (bytes held, windows held, evictions) beside tollgate's resident memory.
 //!   Bytes per key is the accounting over the windows held.
@@ -31,7 +31,7 @@ use crate::scenario::{
 use crate::stand::{Backend, Stand};
 
 /// The budget of the stand at the budget.
-const BUDGET: &str = "16MiB";
+const BUDGET: &str = "4MiB";
 /// Distinct values the flood draws from: every request a new key.
 const KEYSPACE: u64 = 1 << 40;
 
