@@ -141,7 +141,9 @@ fn a_file_caught_mid_write_is_not_loaded_half_written() {
     let server = InProcess::builder()
         .policy("edge.yaml", "domain: old\ndescriptors: []\n")
         .reload_interval(Duration::from_millis(100))
-        .reload_settle(Duration::from_secs(2))
+        // Far longer than the writer's pause, so a loaded machine that stretches the pause does
+        // not make the first part look settled.
+        .reload_settle(Duration::from_secs(5))
         .start();
     let first = "domain: edge
 descriptors:
