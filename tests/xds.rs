@@ -964,7 +964,6 @@ fn malformed_settings_stop_the_start() {
     assert!(!stderr.contains("Bearer"), "{stderr}");
     assert_eq!(
         start(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")]),
-        "tollgate: CONFIG_TYPE=GRPC_XDS_DELTA is not supported; tollgate reads FILE (with \
-         --config) and GRPC_XDS_SOTW\n"
+        "tollgate: CONFIG_TYPE=GRPC_XDS_DELTA: expected FILE or GRPC_XDS_SOTW\n"
     );
 }

@@ -552,7 +552,7 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "b: domain: domain `edge` is already declared in a:domain; keep each domain in one \
-             file"
+             file (or merge the files' domains with --merge-domains)"
         );
     }
 
