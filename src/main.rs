@@ -202,7 +202,11 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
             policies,
             load_options: settings.load_options,
             reload_interval: settings.reload_interval,
+            reload_settle: settings.reload_settle,
+            allow_empty_config: settings.allow_empty_config,
             drain_timeout: settings.drain_timeout,
+            max_in_flight: settings.max_in_flight,
+            health_fail_after: settings.health_fail_after,
             tls,
             max_connection_age: settings.grpc.max_connection_age,
             max_connection_age_grace: settings.grpc.max_connection_age_grace,
@@ -222,7 +226,13 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
 async fn connect_backend(settings: &Settings) -> anyhow::Result<Sharded<PerSecond<AnyBackend>>> {
     let backend = &settings.backend;
     let main = match &backend.store {
-        Store::Memory => AnyBackend::Memory(MemoryBackend::new()),
+        Store::Memory => {
+            tracing::info!(budget_bytes = backend.memory_budget, "memory backend");
+            AnyBackend::Memory(MemoryBackend::with_budget(
+                Arc::new(tollgate::clock::SystemClock),
+                backend.memory_budget,
+            ))
+        }
         Store::Redis(target) => {
             connect_redis(
                 target,

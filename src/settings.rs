@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::backend::memory;
 use crate::backend::redis::connect::{self, Auth, Kind, SocketType, Target, TlsFiles};
 use crate::config::xds::{ExtensionDefaults, XdsOptions};
 use crate::config::{FailureMode, FileSource, LoadOptions, RuntimeLayout};
@@ -241,6 +242,31 @@ pub struct Flags {
     /// policies at once) [default: 2s].
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL", value_parser = humantime::parse_duration)]
     pub reload_interval: Option<Duration>,
+    /// How long changed policy files must stay unchanged before they are loaded (a file caught
+    /// mid-write is never applied) [default: 1s].
+    #[arg(long, env = "TOLLGATE_RELOAD_SETTLE", value_parser = humantime::parse_duration)]
+    pub reload_settle: Option<Duration>,
+    /// Apply a reload of the policy files that finds no policies at all (every request then
+    /// allowed); otherwise such a reload is refused and the last good policies stay [default:
+    /// false].
+    #[arg(long, env = "TOLLGATE_ALLOW_EMPTY_CONFIG", num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub allow_empty_config: Option<bool>,
+    /// The most bytes the memory backend holds (e.g. `256MiB`, `1GiB`, at least 1MiB); past it
+    /// expired windows are dropped first, then those expiring soonest [default: 256MiB, or half
+    /// the cgroup's memory limit when that is smaller].
+    #[arg(long, env = "TOLLGATE_MEMORY_BUDGET", value_parser = parse_bytes)]
+    pub memory_budget: Option<usize>,
+    /// The most decisions in flight at once (gRPC and POST /json together); past it a call is
+    /// answered at once with RESOURCE_EXHAUSTED (Envoy applies its failure_mode_deny). 0:
+    /// unbounded [default: 256].
+    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+    /// Turn health NOT_SERVING once every backend call has failed for this long (e.g. `30s`).
+    /// Unset, a sustained failure is logged as an error and health stays SERVING, since each
+    /// limit answers its failure_mode [default: unset].
+    #[arg(long, env = "TOLLGATE_HEALTH_FAIL_AFTER", value_parser = humantime::parse_duration)]
+    pub health_fail_after: Option<Duration>,
     /// How long SIGTERM waits for calls and streams in flight before exiting anyway [default:
     /// 10s].
     #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", value_parser = humantime::parse_duration)]
@@ -330,6 +356,8 @@ pub struct BackendSettings {
     pub timeout: Duration,
     /// Replicas that must acknowledge a decision's writes (0: none).
     pub wait_replicas: u32,
+    /// The most bytes the memory store holds (unused by the Redis stores).
+    pub memory_budget: usize,
     /// `EXPIRATION_JITTER_MAX_SECONDS`: parsed only; sliding-window keys expire when their last
     /// entry leaves the window, so there is nothing to spread.
     pub expiration_jitter_max_seconds: i64,
@@ -416,8 +444,17 @@ pub struct Settings {
     pub healthy_with_at_least_one_config_loaded: bool,
     /// How often policy and TLS files are checked for changes.
     pub reload_interval: Duration,
+    /// How long changed policy files must stay unchanged before they are loaded.
+    pub reload_settle: Duration,
+    /// Whether a reload of the policy files that finds no policies at all is applied.
+    pub allow_empty_config: bool,
     /// How long SIGTERM waits for calls in flight.
     pub drain_timeout: Duration,
+    /// The most decisions in flight at once; `None`: unbounded.
+    pub max_in_flight: Option<usize>,
+    /// Health turns NOT_SERVING once every backend call has failed for this long; `None`: a
+    /// sustained failure is only logged.
+    pub health_fail_after: Option<Duration>,
     /// The backend.
     pub backend: BackendSettings,
     /// What the limiter does.
@@ -440,6 +477,8 @@ const DEFAULT_HTTP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIE
 const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 const DEFAULT_KEY_PREFIX: &str = "tollgate:";
 const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_RELOAD_SETTLE: Duration = crate::server::reload::DEFAULT_SETTLE;
+const DEFAULT_MAX_IN_FLIGHT: usize = crate::server::DEFAULT_MAX_IN_FLIGHT;
 
 impl Settings {
     /// Resolves the settings of `entry` from `flags` (which include their `TOLLGATE_*`
@@ -659,7 +698,15 @@ impl Settings {
             force_start_without_initial_config,
             healthy_with_at_least_one_config_loaded,
             reload_interval: flags.reload_interval.unwrap_or(Duration::from_secs(2)),
+            reload_settle: flags.reload_settle.unwrap_or(DEFAULT_RELOAD_SETTLE),
+            allow_empty_config: flags.allow_empty_config.unwrap_or(false),
             drain_timeout: flags.drain_timeout.unwrap_or(Duration::from_secs(10)),
+            max_in_flight: match flags.max_in_flight {
+                Some(0) => None,
+                Some(bound) => Some(bound),
+                None => Some(DEFAULT_MAX_IN_FLIGHT),
+            },
+            health_fail_after: flags.health_fail_after,
             backend,
             limiter,
             limit_headers,
@@ -869,6 +916,7 @@ fn backend(
         )));
     }
     let timeout = flags.backend_timeout.unwrap_or(DEFAULT_BACKEND_TIMEOUT);
+    let memory_budget = flags.memory_budget.unwrap_or_else(memory::default_budget);
     let expiration_jitter_max_seconds = env.int("EXPIRATION_JITTER_MAX_SECONDS")?.unwrap_or(300);
     let wait_replicas = flags.redis_wait_replicas.unwrap_or(0);
     let tls_files = redis_tls_files(flags, env)?;
@@ -892,9 +940,17 @@ fn backend(
             key_prefix,
             timeout,
             wait_replicas,
+            memory_budget,
             expiration_jitter_max_seconds,
         });
     };
+    if flags.memory_budget.is_some() {
+        notices.push(
+            "--memory-budget is ignored: it bounds the memory backend, and the counters are in \
+             Redis"
+                .into(),
+        );
+    }
     if kind == Kind::Cluster && wait_replicas > 0 {
         return Err(SettingsError::Unsupported(
             "--redis-wait-replicas is for one server or sentinel, not a cluster".into(),
@@ -959,6 +1015,7 @@ fn backend(
         key_prefix,
         timeout,
         wait_replicas,
+        memory_budget,
         expiration_jitter_max_seconds,
     })
 }
@@ -1207,6 +1264,43 @@ fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
         return Some(SocketAddr::new(ip, port));
     }
     (host, port).to_socket_addrs().ok()?.next()
+}
+
+/// Reads a size in bytes (`--memory-budget`): a number with an optional unit (`B`, `KiB`, `MiB`,
+/// `GiB`, or `KB`, `MB`, `GB` in powers of ten; `K`, `M`, `G` are read as KiB, MiB, GiB), at
+/// least the memory backend's smallest budget.
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: expected a number such as 256MiB"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {text:?}: use B, KiB, MiB, GiB, KB, MB or GB"
+            ));
+        }
+    };
+    let bytes = number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes < memory::MIN_BUDGET {
+        return Err(format!(
+            "{text:?} is below the smallest memory budget, 1MiB"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The process environment as [`Settings::resolve`] reads it (a value that is not UTF-8 is read

@@ -1,7 +1,7 @@
 //! `tollgate-bench`: tollgate's one benchmark tool.
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
-//! `hotkey`, `attack`) start what they need (tollgate as a process, Redis and a Redis Cluster
+//! `hotkey`, `attack`, `overload`, `memory`) start what they need (tollgate as a process, Redis and a Redis Cluster
 //! through the testkit, redis-benchmark for the ceilings), measure, keep every run as a JSON
 //! line in `target/bench/`, and print their report section; `report` runs several of them and
 //! writes `docs/performance.md`. See `tollgate-bench --help`.
@@ -24,6 +24,8 @@ use crate::report::ReportArgs;
 use crate::scenario::attack::{Attack, AttackOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
+use crate::scenario::memory::{Memory, MemoryOptions};
+use crate::scenario::overload::{Overload, OverloadOptions};
 use crate::scenario::{Bench, ScaleArgs, Scenario};
 
 /// tollgate's benchmarks: a load generator for any RLS v3 server, and scenarios that start
@@ -74,6 +76,24 @@ enum Command {
         options: AttackOptions,
     },
 
+    /// Twice the saturation rate, with and without a bound on decisions in flight: answered
+    /// latency, refusals and tollgate's memory.
+    Overload {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: OverloadOptions,
+    },
+
+    /// A flood of distinct keys on the memory backend: bytes per key at the budget, evictions,
+    /// and memory after the flood.
+    Memory {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: MemoryOptions,
+    },
+
     /// Run scenarios and write their results into docs/performance.md.
     Report(ReportArgs),
 }
@@ -95,6 +115,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Matrix { scale, options } => run_one(&scale, &Matrix::new(options)),
         Command::Hotkey { scale, options } => run_one(&scale, &Hotkey::new(options)),
         Command::Attack { scale, options } => run_one(&scale, &Attack::new(options)),
+        Command::Overload { scale, options } => run_one(&scale, &Overload::new(options)),
+        Command::Memory { scale, options } => run_one(&scale, &Memory::new(options)),
         Command::Report(args) => report::run(&args),
     }
 }

@@ -14,6 +14,18 @@ pub fn own_cpu_seconds() -> anyhow::Result<f64> {
     cpu_seconds(std::process::id())
 }
 
+/// The resident set size of process `pid` (`VmRSS`), in bytes.
+pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow!("no VmRSS in {path}"))?;
+    Ok(kib * 1024)
+}
+
 /// The 1, 5 and 15 minute load averages.
 pub fn load_average() -> [f64; 3] {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -57,5 +69,6 @@ mod tests {
         let seconds = parse_stat_cpu(stat).unwrap();
         assert!((seconds - 400.0 / clock_ticks_per_second()).abs() < 1e-9);
         assert!(own_cpu_seconds().unwrap() >= 0.0);
+        assert!(rss_bytes(std::process::id()).unwrap() > 0);
     }
 }

@@ -247,6 +247,17 @@ impl<'a> Stand<'a> {
         policy: &str,
         failure_mode: &str,
     ) -> anyhow::Result<Self> {
+        Stand::start_with(servers, backend, policy, failure_mode, &[])
+    }
+
+    /// [`Stand::start`] with more `tollgate serve` flags (`--max-in-flight 256`, ...).
+    pub fn start_with(
+        servers: &'a Servers,
+        backend: Backend,
+        policy: &str,
+        failure_mode: &str,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let nodes = servers.nodes(backend)?;
         let mut args = vec![
             "--backend".to_owned(),
@@ -259,6 +270,7 @@ impl<'a> Stand<'a> {
         if backend != Backend::Memory {
             args.extend(["--redis-url".to_owned(), nodes.url()]);
         }
+        args.extend(extra.iter().cloned());
         let tollgate = Tollgate::builder()
             .policy("bench.yaml", policy)
             .args(args)
@@ -277,6 +289,14 @@ impl<'a> Stand<'a> {
             bail!("tollgate is not running:\n{}", self.tollgate.log());
         };
         crate::proc::cpu_seconds(pid)
+    }
+
+    /// The resident memory of the tollgate process now, in bytes.
+    pub fn tollgate_rss_bytes(&self) -> anyhow::Result<u64> {
+        let Some(pid) = self.tollgate.pid() else {
+            bail!("tollgate is not running:\n{}", self.tollgate.log());
+        };
+        crate::proc::rss_bytes(pid)
     }
 
     /// CPU seconds all Redis processes behind it have used so far.

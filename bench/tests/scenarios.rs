@@ -127,7 +127,9 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     assert!(doc.contains("Written by hand before."), "{doc}");
     assert!(doc.contains("Written by hand after."), "{doc}");
     assert!(!doc.contains("stale numbers"), "{doc}");
-    for name in ["machine", "matrix", "hotkey", "attack"] {
+    for name in [
+        "machine", "matrix", "hotkey", "attack", "overload", "memory",
+    ] {
         for which in ["begin", "end"] {
             assert_eq!(
                 doc.matches(&marker(name, which)).count(),
@@ -247,6 +249,33 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         let calls: f64 = row[5].parse().unwrap_or_else(|_| panic!("{row:?}"));
         assert!(calls >= 0.0, "{row:?}");
     }
+
+    // overload: every bound measured; refusals only where there is a bound.
+    let overload = records(&results, "overload");
+    let overloads = of_kind(&overload, "run");
+    for bound in [0, 1024, 256, 64] {
+        let run = overloads
+            .iter()
+            .find(|r| r["bound"] == bound)
+            .unwrap_or_else(|| panic!("no overload run with bound {bound}"));
+        assert!(number(run, &["saturation"]) > 0.0, "{run}");
+        assert!(number(run, &["rss_after"]) > 0.0, "{run}");
+    }
+    assert_eq!(table_after(&doc, "### Twice the saturation rate").len(), 4);
+
+    // memory: both algorithms, the budget held, idle readings after the flood.
+    let memory = records(&results, "memory");
+    for run in of_kind(&memory, "run") {
+        let reading = &run["reading"];
+        assert!(
+            number(reading, &["bytes"]) <= number(reading, &["budget"]),
+            "{run}"
+        );
+    }
+    assert!(
+        doc.contains("### A flood of distinct keys on the memory backend"),
+        "{doc}"
+    );
 
     // The report is a function of the results alone.
     let again = dir.path().join("again.md");

@@ -3,25 +3,53 @@
 //!
 //! Keys are spread over a fixed set of shards, each a mutex around a hash table, so hits on
 //! different keys rarely contend and a lock is held only for one O(1) decision (a rejected
-//! sliding-window-log hit also walks that key's entries to find its retry time). Idle windows
-//! expire: each shard sweeps itself once it has served as many operations as its last sweep kept
-//! windows (at least 64), so the cost of sweeping is amortized O(1) per hit and a shard never holds
-//! much more than twice its live windows.
+//! sliding-window-log hit also walks that key's entries to find its retry time).
 //!
-//! Each hit hashes its key once: the one hash picks the shard and finds the window in the shard's
-//! table. Keys come from clients, so the hash is SipHash with a random key (std's `RandomState`),
-//! which keeps an attacker from choosing keys that collide.
+//! # Memory
+//!
+//! A rate limiter's keys come from its clients, and a flood of distinct keys is the first thing an
+//! attacker tries, so what this backend holds is bounded:
+//!
+//! - **A budget.** The bytes held (the tables' allocations and the sliding-window logs' entries,
+//!   as asked of the allocator) never exceed the budget given at construction
+//!   ([`MemoryBackend::with_budget`], `--memory-budget`), split evenly over the shards. A table
+//!   only grows to a size it could be rebuilt at within its share (twice its allocation), so not
+//!   even the copies made while growing or rebuilding go over. The one thing outside the count is
+//!   the allocator's own overhead per allocation (a few bytes per log).
+//! - **Eviction order** when a new key does not fit: first every expired window of the shard,
+//!   then the windows that expire soonest (an eighth of the shard at a time, so the cost is
+//!   amortized). A log that cannot grow because its shard holds nothing else to evict merges its
+//!   two oldest entries into one, stamped with the newer time. Evicted live windows are counted
+//!   ([`MemoryUsage::evictions`]). Dropping or merging live state can only make a limit count
+//!   *less* than it admitted (an evicted key starts again from zero; a merged entry leaves the
+//!   window later than its older half would have): the limit is then under-counted for that
+//!   window, never over-counted, and only while an attacker is keeping the budget full.
+//! - **Sweeping.** Expired windows are dropped as traffic flows (each shard sweeps itself after
+//!   as many operations as its last sweep kept windows, so the cost is amortized O(1) per hit),
+//!   and on a timer ([`Backend::maintain`], about once a second), so memory comes back while the
+//!   service is idle. A sweep that leaves a table mostly empty shrinks it.
+//! - **Small keys.** A window is stored under a 128-bit keyed hash of its identity (key,
+//!   algorithm, window), not the key's text, so a key costs the same however long the client made
+//!   its values: a counter is one 48-byte table slot and nothing else, under 64 bytes a key with
+//!   the table's free slots counted; a log adds its 48-byte header and 24 bytes an entry. Two identities share a
+//!   window only if both 64-bit halves of their keyed hashes collide, a chance of 2^-128 per pair
+//!   that no client can steer (the hash keys are random per process).
+//!
+//! Each hit hashes its identity twice: the first hash picks the shard and finds the slot in the
+//! shard's table, the second confirms it. Keys come from clients, so the hashes are SipHash with
+//! random keys (std's `RandomState`), which keeps an attacker from choosing keys that collide.
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::mem::size_of;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::HashTable;
 
 use crate::backend::shard::{self, ShardKeys};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+use crate::backend::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt};
 use crate::clock::{Clock, SystemClock};
 use crate::window::{self, Algorithm, Cost, Counting};
 
@@ -36,54 +64,132 @@ const SHARD_HASH_SHIFT: u32 = 40;
 /// A shard sweeps after at least this many operations, so small shards are not swept on every hit.
 const MIN_OPS_BETWEEN_SWEEPS: usize = 64;
 
+/// The budget when none is given: enough for about two and a half million counter keys, small
+/// beside what a rate limiter's host usually has, and far below what a key flood would take
+/// without one.
+pub const DEFAULT_BUDGET: usize = 256 << 20;
+
+/// The budget when none is given: [`DEFAULT_BUDGET`], or half the memory limit of the cgroup
+/// this process runs in when that is smaller (a sidecar with a 256Mi limit gets 128MiB), so the
+/// backend's windows leave room for everything else the process holds.
+pub fn default_budget() -> usize {
+    let limit = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|file| std::fs::read_to_string(file).ok())
+    .and_then(|text| text.trim().parse::<usize>().ok());
+    match limit {
+        Some(limit) => (limit / 2).clamp(MIN_BUDGET, DEFAULT_BUDGET),
+        None => DEFAULT_BUDGET,
+    }
+}
+
+/// The smallest budget accepted: each shard must hold a table of a few windows and one log.
+pub const MIN_BUDGET: usize = 1 << 20;
+
+/// The longest window the memory backend keeps apart; longer ones are treated as this long
+/// (about 34 years), as the Redis scripts refuse them. Keeps every expiry time in range.
+const MAX_WINDOW_MS: u64 = 1 << 40;
+
 /// Sliding windows kept in process memory.
 pub struct MemoryBackend {
     clock: Arc<dyn Clock>,
-    hasher: RandomState,
+    /// Hashes an identity for the table (and the shard).
+    table_hasher: RandomState,
+    /// Hashes it again, independently, to confirm a match.
+    check_hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
+    budget: usize,
 }
 
 impl MemoryBackend {
-    /// A backend reading the machine's wall clock.
+    /// A backend reading the machine's wall clock, with the default budget.
     pub fn new() -> Self {
         MemoryBackend::with_clock(Arc::new(SystemClock))
     }
 
-    /// A backend reading `clock`, so tests can move time by hand.
+    /// A backend reading `clock`, so tests can move time by hand, with the default budget.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        MemoryBackend::with_budget(clock, DEFAULT_BUDGET)
+    }
+
+    /// A backend reading `clock` that never holds more than `budget` bytes (at least
+    /// [`MIN_BUDGET`]; a smaller one is raised to it).
+    pub fn with_budget(clock: Arc<dyn Clock>, budget: usize) -> Self {
+        let budget = budget.max(MIN_BUDGET);
+        let share = budget / SHARD_COUNT;
         MemoryBackend {
             clock,
-            hasher: RandomState::new(),
+            table_hasher: RandomState::new(),
+            check_hasher: RandomState::new(),
             shards: (0..SHARD_COUNT)
-                .map(|_| Mutex::new(Shard::default()))
+                .map(|_| Mutex::new(Shard::new(share)))
                 .collect(),
+            budget,
         }
+    }
+
+    /// The most bytes this backend holds.
+    pub fn budget(&self) -> usize {
+        self.budget
     }
 
     /// How many windows are held right now, expired ones not yet swept included.
     pub fn key_count(&self) -> usize {
         (0..self.shards.len())
-            .map(|index| self.lock(index).windows.len())
+            .map(|index| self.lock(index).slots.len())
             .sum()
     }
 
-    /// Drops every expired window now. Sweeping also happens on its own as hits arrive; this is
-    /// for tests and for a periodic task that wants idle memory back without traffic.
-    pub fn sweep(&self) {
-        let now = self.clock.now_ms();
+    /// What the backend holds: bytes, windows, and live windows evicted to stay in budget.
+    pub fn usage(&self) -> MemoryUsage {
+        let mut usage = MemoryUsage {
+            budget: self.budget as u64,
+            ..MemoryUsage::default()
+        };
         for index in 0..self.shards.len() {
-            let mut shard = self.lock(index);
-            let now = shard.advance_clock(now);
-            shard.sweep(now);
+            let shard = self.lock(index);
+            usage.bytes += shard.held() as u64;
+            usage.keys += shard.slots.len() as u64;
+            usage.evictions += shard.evictions;
+        }
+        usage
+    }
+
+    /// Drops every expired window now. Sweeping also happens on its own as hits arrive and on
+    /// the server's timer ([`Backend::maintain`]); this is for tests.
+    pub fn sweep(&self) {
+        for index in 0..self.shards.len() {
+            self.sweep_shard(index);
         }
     }
 
-    /// The key's hash (for the table) and its shard's index.
-    fn locate(&self, key: &str) -> (u64, usize) {
-        let hash = self.hasher.hash_one(key);
+    fn sweep_shard(&self, index: usize) {
+        let now = self.clock.now_ms();
+        let mut shard = self.lock(index);
+        let now = shard.advance_clock(now);
+        shard.sweep(now);
+    }
+
+    /// The identity of a window: its two keyed hashes, and the index of its shard.
+    fn locate(&self, key: &str, algorithm: Algorithm, window_ms: u64) -> (Id, usize) {
+        let digest = |hasher: &RandomState| {
+            let mut state = hasher.build_hasher();
+            key.hash(&mut state);
+            algorithm.hash(&mut state);
+            window_ms.hash(&mut state);
+            state.finish()
+        };
+        let hash = digest(&self.table_hasher);
+        let id = Id {
+            hash,
+            check: digest(&self.check_hasher),
+        };
         // The remainder is below SHARD_COUNT, so the narrowing cannot lose anything.
         let shard = ((hash >> SHARD_HASH_SHIFT) % SHARD_COUNT as u64) as usize;
-        (hash, shard)
+        (id, shard)
     }
 
     fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
@@ -96,24 +202,48 @@ impl MemoryBackend {
 
     fn decide(&self, hit: &Hit) -> Outcome {
         let now = self.clock.now_ms();
-        let (hash, index) = self.locate(&hit.key);
+        let window_ms = window_of(hit.window_ms);
+        let (id, index) = self.locate(&hit.key, hit.algorithm, window_ms);
         let mut shard = self.lock(index);
         let now = shard.advance_clock(now);
         shard.count_operation(now);
         // `hit.shards` is not read here: `backend::Sharded` splits a sharded limit into plain
         // hits on shard keys before they reach this backend.
         let cost = window::normalize_cost(hit.cost);
-        match hit.algorithm {
-            Algorithm::SlidingWindowCounter => shard.decide_counter(hit, hash, cost, now),
-            Algorithm::SlidingWindowLog => shard.decide_log(hit, hash, cost, now),
-        }
+        let (verdict, token) = match hit.algorithm {
+            Algorithm::SlidingWindowCounter => {
+                shard.decide_counter(id, hit.limit, window_ms, cost, hit.counting, now)
+            }
+            Algorithm::SlidingWindowLog => {
+                shard.decide_log(id, hit.limit, window_ms, cost, hit.counting, now)
+            }
+        };
+        // A token comes only with an admitted charge: nothing gives a refused one back.
+        let receipt = match (cost, token) {
+            (Cost::Consume(units), Some(token)) => Some(Receipt {
+                key: hit.key.clone(),
+                algorithm: hit.algorithm,
+                window_ms: hit.window_ms,
+                token,
+                cost: units,
+                released_remaining: verdict.remaining.saturating_add(units),
+            }),
+            _ => None,
+        };
+        Outcome { verdict, receipt }
     }
 
     fn refund(&self, receipt: &Receipt) {
-        let (hash, index) = self.locate(&receipt.key);
+        let window_ms = window_of(receipt.window_ms);
+        let (id, index) = self.locate(&receipt.key, receipt.algorithm, window_ms);
         let mut shard = self.lock(index);
-        shard.refund(receipt, hash);
+        shard.refund(id, receipt, window_ms);
     }
+}
+
+/// The window length this backend computes with.
+fn window_of(window_ms: u64) -> u64 {
+    window::effective_window_ms(window_ms).min(MAX_WINDOW_MS)
 }
 
 impl Default for MemoryBackend {
@@ -126,6 +256,7 @@ impl fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryBackend")
             .field("shards", &self.shards.len())
+            .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
 }
@@ -145,6 +276,19 @@ impl Backend for MemoryBackend {
     async fn ping(&self) -> Result<(), BackendError> {
         Ok(())
     }
+
+    /// Sweeps every shard, one lock at a time, yielding between shards so that requests on the
+    /// same worker are not held up by a whole pass.
+    async fn maintain(&self) {
+        for index in 0..self.shards.len() {
+            self.sweep_shard(index);
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        Some(self.usage())
+    }
 }
 
 /// Placement does not matter in one process: a shard is the identity with a plain suffix.
@@ -154,10 +298,123 @@ impl ShardKeys for MemoryBackend {
     }
 }
 
+/// A window's identity: two independent keyed hashes of (key, algorithm, window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Id {
+    hash: u64,
+    check: u64,
+}
+
+/// One window in a shard's table: 48 bytes.
+struct Slot {
+    id: Id,
+    /// When the window holds nothing any more: a counter two windows after the fixed window it
+    /// last wrote (so that index is `expires_ms / window - 2`), a log one window after its newest
+    /// entry. What sweeping and eviction order by.
+    expires_ms: u64,
+    state: State,
+}
+
+enum State {
+    /// A sliding window counter: the counts of the fixed window last written and the one
+    /// before it.
+    Counter { prev: u64, curr: u64 },
+    /// A sliding window log, on the heap: most keys are counters, and they stay small.
+    Log(Box<LogWindow>),
+}
+
+/// A sliding window log: recorded hits (admitted ones, and refused ones under
+/// [`Counting::All`]) oldest first, with their running sum.
+struct LogWindow {
+    entries: VecDeque<LogEntry>,
+    used: u128,
+}
+
+struct LogEntry {
+    time_ms: u64,
+    cost: u64,
+    id: u64,
+}
+
+impl LogWindow {
+    /// The bytes this log holds outside its table slot.
+    fn heap_bytes(&self) -> usize {
+        size_of::<LogWindow>() + self.entries.capacity() * size_of::<LogEntry>()
+    }
+
+    fn prune(&mut self, window_ms: u64, now_ms: u64) {
+        while let Some(oldest) = self.entries.front() {
+            if window::log_entry_live(oldest.time_ms, window_ms, now_ms) {
+                break;
+            }
+            self.used = self.used.saturating_sub(u128::from(oldest.cost));
+            self.entries.pop_front();
+        }
+    }
+
+    /// The expiry of a log whose newest entry is `newest`.
+    fn expiry(&self, window_ms: u64) -> u64 {
+        self.entries
+            .back()
+            .map_or(0, |newest| newest.time_ms.saturating_add(window_ms))
+    }
+
+    /// Merges the two oldest entries into one with the newer time and id and the summed cost.
+    /// The older hit then leaves the window later than it would have: the log counts more, never
+    /// less, so this can only refuse what an exact log would have admitted.
+    fn merge_oldest(&mut self) -> bool {
+        if self.entries.len() < 2 {
+            return false;
+        }
+        let (Some(older), Some(newer)) = (self.entries.pop_front(), self.entries.front_mut())
+        else {
+            return false;
+        };
+        newer.cost = newer.cost.saturating_add(older.cost);
+        true
+    }
+}
+
+/// The expiry of a counter whose last written fixed window is `index`.
+fn counter_expiry(index: u64, window_ms: u64) -> u64 {
+    index.saturating_add(2).saturating_mul(window_ms)
+}
+
+/// The fixed window a counter expiring at `expires_ms` last wrote. Windows are at most
+/// [`MAX_WINDOW_MS`] and times far below `u64::MAX`, so the product never saturated; if it had,
+/// the counts are read as current, which only counts more.
+fn counter_index(expires_ms: u64, window_ms: u64, now_index: u64) -> u64 {
+    if expires_ms == u64::MAX {
+        return now_index;
+    }
+    (expires_ms / window_ms).saturating_sub(2)
+}
+
+/// Bytes of the allocation a table of `buckets` buckets of slots takes (what hashbrown asks of
+/// the allocator: the slots, a control byte each, and one group of trailing control bytes).
+fn table_bytes(buckets: usize) -> usize {
+    const GROUP_WIDTH: usize = 16;
+    buckets * size_of::<Slot>() + buckets + GROUP_WIDTH
+}
+
+/// The items a table of `buckets` buckets holds before it must grow.
+fn full_capacity(buckets: usize) -> usize {
+    if buckets < 8 {
+        buckets.saturating_sub(1)
+    } else {
+        buckets / 8 * 7
+    }
+}
+
 /// One lock's worth of windows.
-#[derive(Default)]
 struct Shard {
-    windows: HashTable<Slot>,
+    slots: HashTable<Slot>,
+    /// Bytes the logs hold outside the table.
+    log_bytes: usize,
+    /// The most bytes this shard holds: its share of the budget.
+    budget: usize,
+    /// Live windows dropped to stay within the budget.
+    evictions: u64,
     /// The latest time this shard has seen. Time never runs backwards inside a shard, so log
     /// entries stay sorted even if the wall clock steps back.
     latest_ms: u64,
@@ -170,81 +427,25 @@ struct Shard {
     next_entry_id: u64,
 }
 
-/// One key's window in a shard's table. The key's hash is kept so that growing or shrinking the
-/// table never hashes a key again.
-struct Slot {
-    hash: u64,
-    key: String,
-    window: Window,
-}
-
-/// The window stored under `key` (whose hash is `hash`), if any. A function of the table alone, so
-/// the rest of the shard stays free to change while the window is borrowed.
-fn window_mut<'a>(
-    windows: &'a mut HashTable<Slot>,
-    key: &str,
-    hash: u64,
-) -> Option<&'a mut Window> {
-    windows
-        .find_mut(hash, |slot| slot.key == key)
-        .map(|slot| &mut slot.window)
-}
-
-/// The stored state of one limiter.
-enum Window {
-    Counter(CounterWindow),
-    Log(LogWindow),
-}
-
-/// A sliding window counter: the counts of the fixed window last written and the one before it.
-struct CounterWindow {
-    window_ms: u64,
-    index: u64,
-    prev: u64,
-    curr: u64,
-}
-
-/// A sliding window log: admitted hits oldest first, with their running sum.
-struct LogWindow {
-    window_ms: u64,
-    entries: VecDeque<LogEntry>,
-    used: u128,
-}
-
-struct LogEntry {
-    time_ms: u64,
-    cost: u64,
-    id: u64,
-}
-
-impl Window {
-    fn expired(&self, now_ms: u64) -> bool {
-        match self {
-            // Both counts are zero from window index + 2 on.
-            Window::Counter(counter) => {
-                window::counter_window_index(now_ms, counter.window_ms)
-                    >= counter.index.saturating_add(2)
-            }
-            Window::Log(log) => log.entries.back().is_none_or(|newest| {
-                !window::log_entry_live(newest.time_ms, log.window_ms, now_ms)
-            }),
-        }
-    }
-}
-
-impl LogWindow {
-    fn prune(&mut self, now_ms: u64) {
-        while let Some(oldest) = self.entries.front() {
-            if window::log_entry_live(oldest.time_ms, self.window_ms, now_ms) {
-                break;
-            }
-            self.used = self.used.saturating_sub(u128::from(oldest.cost));
-            self.entries.pop_front();
-        }
-    }
-}
-
 impl Shard {
+    fn new(budget: usize) -> Shard {
+        Shard {
+            slots: HashTable::new(),
+            log_bytes: 0,
+            budget,
+            evictions: 0,
+            latest_ms: 0,
+            operations_since_sweep: 0,
+            kept_by_last_sweep: 0,
+            next_entry_id: 0,
+        }
+    }
+
+    /// Bytes held: the table's allocation and the logs' heap.
+    fn held(&self) -> usize {
+        self.slots.allocation_size() + self.log_bytes
+    }
+
     fn advance_clock(&mut self, now_ms: u64) -> u64 {
         self.latest_ms = self.latest_ms.max(now_ms);
         self.latest_ms
@@ -259,184 +460,351 @@ impl Shard {
 
     fn sweep(&mut self, now_ms: u64) {
         self.operations_since_sweep = 0;
-        self.windows.retain(|slot| !slot.window.expired(now_ms));
-        self.kept_by_last_sweep = self.windows.len();
+        let mut freed = 0;
+        self.slots.retain(|slot| {
+            let keep = slot.expires_ms > now_ms;
+            if !keep && let State::Log(log) = &slot.state {
+                freed += log.heap_bytes();
+            }
+            keep
+        });
+        self.log_bytes = self.log_bytes.saturating_sub(freed);
+        self.kept_by_last_sweep = self.slots.len();
         // A burst of distinct keys leaves a large table behind; give the memory back.
-        if self.windows.capacity() > 4 * self.windows.len() + MIN_OPS_BETWEEN_SWEEPS {
-            self.windows
-                .shrink_to(2 * self.windows.len(), |slot| slot.hash);
+        if self.slots.capacity() > 4 * self.slots.len() + MIN_OPS_BETWEEN_SWEEPS {
+            self.slots
+                .shrink_to(2 * self.slots.len(), |slot| slot.id.hash);
         }
     }
 
-    fn decide_counter(&mut self, hit: &Hit, hash: u64, cost: Cost, now_ms: u64) -> Outcome {
-        let window_ms = window::effective_window_ms(hit.window_ms);
-        let index = window::counter_window_index(now_ms, window_ms);
-        let stored = window_mut(&mut self.windows, &hit.key, hash);
-        let (prev, curr) = match &stored {
-            Some(Window::Counter(counter)) if counter.window_ms == window_ms => {
-                window::counter_counts(counter.index, counter.prev, counter.curr, index)
+    fn find(&mut self, id: Id) -> Option<&mut Slot> {
+        self.slots.find_mut(id.hash, |slot| slot.id == id)
+    }
+
+    /// Whether `extra_heap` more log bytes and, with `new_slot`, one more slot fit in the
+    /// budget. A table full of live and deleted slots is rebuilt at its size to reclaim the
+    /// deleted ones when that fits; it may only grow to a size it could later rebuild within the
+    /// budget (twice its allocation), which also covers holding the old and the new table while
+    /// growing.
+    fn fits(&mut self, extra_heap: usize, new_slot: bool) -> bool {
+        let held = self.held() + extra_heap;
+        if !new_slot || self.slots.len() < self.slots.capacity() {
+            return held <= self.budget;
+        }
+        let len = self.slots.len();
+        let buckets = self.slots.num_buckets();
+        let table = self.slots.allocation_size();
+        if len < full_capacity(buckets) / 2 {
+            // hashbrown reclaims the deleted slots in place.
+            return held <= self.budget;
+        }
+        let grown = table_bytes((buckets * 2).max(4));
+        if held - table + 2 * grown <= self.budget {
+            return true;
+        }
+        if len < full_capacity(buckets) && held + table <= self.budget {
+            self.rebuild();
+            return self.slots.len() < self.slots.capacity() && held <= self.budget;
+        }
+        false
+    }
+
+    /// Moves every slot into a fresh table of the same size, dropping the deleted slots that
+    /// evictions leave behind.
+    fn rebuild(&mut self) {
+        let buckets = self.slots.num_buckets();
+        let mut fresh = HashTable::with_capacity(full_capacity(buckets));
+        for slot in std::mem::take(&mut self.slots) {
+            fresh.insert_unique(slot.id.hash, slot, |slot| slot.id.hash);
+        }
+        self.slots = fresh;
+    }
+
+    /// Makes room for `extra_heap` more log bytes and, with `new_slot`, one more slot, evicting
+    /// as the eviction order says; `keep` is never evicted (the window being written). False if
+    /// even that could not make room.
+    fn make_room(
+        &mut self,
+        now_ms: u64,
+        extra_heap: usize,
+        new_slot: bool,
+        keep: Option<Id>,
+    ) -> bool {
+        let mut swept = false;
+        loop {
+            if self.fits(extra_heap, new_slot) {
+                return true;
             }
+            if !swept {
+                swept = true;
+                self.sweep(now_ms);
+                continue;
+            }
+            if !self.evict_soonest(keep) {
+                return false;
+            }
+        }
+    }
+
+    /// Evicts about the eighth of the shard's windows that expire soonest (at least one), `keep`
+    /// excepted; false when there was nothing to evict. The cut is estimated from a sample of
+    /// expiries, so nothing is allocated, but the order is exact: every window evicted expires no
+    /// later than every window kept.
+    fn evict_soonest(&mut self, keep: Option<Id>) -> bool {
+        const SAMPLE: usize = 256;
+        let candidates =
+            self.slots.len() - usize::from(keep.is_some_and(|id| self.find(id).is_some()));
+        if candidates == 0 {
+            return false;
+        }
+        let stride = candidates / SAMPLE + 1;
+        let mut sample = [0u64; SAMPLE];
+        let mut sampled = 0;
+        for (n, slot) in self
+            .slots
+            .iter()
+            .filter(|slot| Some(slot.id) != keep)
+            .enumerate()
+        {
+            if n % stride == 0 && sampled < SAMPLE {
+                sample[sampled] = slot.expires_ms;
+                sampled += 1;
+            }
+        }
+        let sample = &mut sample[..sampled];
+        sample.sort_unstable();
+        let threshold = sample[(sampled / 8).max(1) - 1];
+        let wanted = (candidates / 8).max(1);
+        let sooner = self
+            .slots
+            .iter()
+            .filter(|slot| Some(slot.id) != keep && slot.expires_ms < threshold)
+            .count();
+        // Everything expiring before the cut goes, and of the windows expiring exactly at it (a
+        // flood of counters in one window all expire together) only as many as the batch needs.
+        let mut ties = wanted.saturating_sub(sooner).max(usize::from(sooner == 0));
+        let mut evicted = 0;
+        let mut freed = 0;
+        self.slots.retain(|slot| {
+            if Some(slot.id) == keep || slot.expires_ms > threshold {
+                return true;
+            }
+            if slot.expires_ms == threshold {
+                if ties == 0 {
+                    return true;
+                }
+                ties -= 1;
+            }
+            evicted += 1;
+            if let State::Log(log) = &slot.state {
+                freed += log.heap_bytes();
+            }
+            false
+        });
+        self.log_bytes = self.log_bytes.saturating_sub(freed);
+        self.evictions += evicted;
+        true
+    }
+
+    /// Stores a new window; the caller has made room.
+    fn insert(&mut self, slot: Slot) {
+        if let State::Log(log) = &slot.state {
+            self.log_bytes += log.heap_bytes();
+        }
+        self.slots
+            .insert_unique(slot.id.hash, slot, |slot| slot.id.hash);
+    }
+
+    /// Decides a counter hit, recording a refused one too under [`Counting::All`]; answers the
+    /// fixed window charged when an admitted hit consumed something.
+    fn decide_counter(
+        &mut self,
+        id: Id,
+        limit: u64,
+        window_ms: u64,
+        cost: Cost,
+        counting: Counting,
+        now_ms: u64,
+    ) -> (window::Verdict, Option<u64>) {
+        let index = window::counter_window_index(now_ms, window_ms);
+        let stored = self.find(id);
+        let (prev, curr) = match &stored {
+            Some(Slot {
+                expires_ms,
+                state: State::Counter { prev, curr },
+                ..
+            }) => window::counter_counts(
+                counter_index(*expires_ms, window_ms, index),
+                *prev,
+                *curr,
+                index,
+            ),
             _ => (0, 0),
         };
-        let verdict =
-            window::counter_decide(hit.limit, window_ms, now_ms, prev, curr, cost, hit.counting);
+        let verdict = window::counter_decide(limit, window_ms, now_ms, prev, curr, cost, counting);
         let Cost::Consume(units) = cost else {
-            return Outcome {
-                verdict,
-                receipt: None,
-            };
+            return (verdict, None);
         };
-        let curr_after = match (verdict.admitted, hit.counting) {
+        let curr_after = match (verdict.admitted, counting) {
             (true, _) => curr.saturating_add(units),
             (false, Counting::All) => window::counter_refused_count(curr, units),
-            (false, Counting::Admitted) => {
-                return Outcome {
-                    verdict,
-                    receipt: None,
-                };
-            }
+            (false, Counting::Admitted) => return (verdict, None),
         };
-        let state = Window::Counter(CounterWindow {
-            window_ms,
-            index,
+        let expires_ms = counter_expiry(index, window_ms);
+        let state = State::Counter {
             prev,
             curr: curr_after,
-        });
+        };
         match stored {
-            Some(window) => *window = state,
-            None => self.insert(&hit.key, hash, state),
+            Some(slot) => {
+                slot.expires_ms = expires_ms;
+                slot.state = state;
+            }
+            None => {
+                // A minimum budget always leaves room for one slot once the others are evicted.
+                self.make_room(now_ms, 0, true, None);
+                self.insert(Slot {
+                    id,
+                    expires_ms,
+                    state,
+                });
+            }
         }
         // Only an admitted charge is ever given back.
-        let receipt = verdict.admitted.then(|| Receipt {
-            key: hit.key.clone(),
-            algorithm: Algorithm::SlidingWindowCounter,
-            window_ms,
-            token: index,
-            cost: units,
-            released_remaining: verdict.remaining.saturating_add(units),
-        });
-        Outcome { verdict, receipt }
+        (verdict, verdict.admitted.then_some(index))
     }
 
-    fn decide_log(&mut self, hit: &Hit, hash: u64, cost: Cost, now_ms: u64) -> Outcome {
-        let window_ms = window::effective_window_ms(hit.window_ms);
-        let log = match window_mut(&mut self.windows, &hit.key, hash) {
-            Some(Window::Log(log)) if log.window_ms == window_ms => {
-                log.prune(now_ms);
-                Some(log)
+    /// Decides a log hit, recording a refused one too under [`Counting::All`]; answers the
+    /// entry's id when an admitted hit consumed something.
+    fn decide_log(
+        &mut self,
+        id: Id,
+        limit: u64,
+        window_ms: u64,
+        cost: Cost,
+        counting: Counting,
+        now_ms: u64,
+    ) -> (window::Verdict, Option<u64>) {
+        let verdict = match self.find(id) {
+            Some(Slot {
+                state: State::Log(log),
+                ..
+            }) => {
+                // Pruning keeps the capacity, so the bytes held do not change.
+                log.prune(window_ms, now_ms);
+                window::log_decide_live(
+                    limit,
+                    window_ms,
+                    now_ms,
+                    log.used,
+                    log.entries.back().map(|newest| newest.time_ms),
+                    log.entries.iter().map(|entry| (entry.time_ms, entry.cost)),
+                    cost,
+                    counting,
+                )
             }
-            _ => None,
-        };
-        let verdict = match &log {
-            Some(log) => window::log_decide_live(
-                hit.limit,
-                window_ms,
-                now_ms,
-                log.used,
-                log.entries.back().map(|newest| newest.time_ms),
-                log.entries.iter().map(|entry| (entry.time_ms, entry.cost)),
-                cost,
-                hit.counting,
-            ),
-            None => window::log_decide_live(
-                hit.limit,
+            _ => window::log_decide_live(
+                limit,
                 window_ms,
                 now_ms,
                 0,
                 None,
                 std::iter::empty(),
                 cost,
-                hit.counting,
+                counting,
             ),
         };
         let Cost::Consume(units) = cost else {
-            return Outcome {
-                verdict,
-                receipt: None,
-            };
+            return (verdict, None);
         };
-        let entry_cost = match (verdict.admitted, hit.counting) {
+        let entry_cost = match (verdict.admitted, counting) {
             (true, _) => units,
-            (false, Counting::All) => window::log_refused_cost(hit.limit, units),
-            (false, Counting::Admitted) => {
-                return Outcome {
-                    verdict,
-                    receipt: None,
-                };
-            }
+            (false, Counting::All) => window::log_refused_cost(limit, units),
+            (false, Counting::Admitted) => return (verdict, None),
         };
-        let id = self.next_entry_id;
+        let entry_id = self.next_entry_id;
         self.next_entry_id = self.next_entry_id.wrapping_add(1);
         let entry = LogEntry {
             time_ms: now_ms,
             cost: entry_cost,
-            id,
+            id: entry_id,
         };
-        match log {
-            Some(log) => {
-                log.used = log.used.saturating_add(u128::from(entry_cost));
-                log.entries.push_back(entry);
-            }
-            None => {
-                let state = Window::Log(LogWindow {
-                    window_ms,
-                    entries: VecDeque::from([entry]),
-                    used: u128::from(entry_cost),
-                });
-                // The key may hold a window of another kind or length, which this replaces.
-                match window_mut(&mut self.windows, &hit.key, hash) {
-                    Some(window) => *window = state,
-                    None => self.insert(&hit.key, hash, state),
+        self.append(id, window_ms, now_ms, entry);
+        // Only an admitted charge is ever given back.
+        (verdict, verdict.admitted.then_some(entry_id))
+    }
+
+    /// Appends an entry (an admitted hit's, or a refused one's under [`Counting::All`]) to the
+    /// log `id`, creating it if needed, within the budget.
+    fn append(&mut self, id: Id, window_ms: u64, now_ms: u64, entry: LogEntry) {
+        let heap_growth = match self.find(id) {
+            Some(Slot {
+                state: State::Log(log),
+                ..
+            }) => {
+                let entries = &log.entries;
+                if entries.len() < entries.capacity() {
+                    0
+                } else {
+                    // What `VecDeque` asks for when it grows: double, at least four.
+                    entries.capacity().max(2) * size_of::<LogEntry>()
                 }
             }
-        }
-        // Only an admitted charge is ever given back.
-        let receipt = verdict.admitted.then(|| Receipt {
-            key: hit.key.clone(),
-            algorithm: Algorithm::SlidingWindowLog,
-            window_ms,
-            token: id,
-            cost: units,
-            released_remaining: verdict.remaining.saturating_add(units),
-        });
-        Outcome { verdict, receipt }
-    }
-
-    /// Stores a window under a key that has none.
-    fn insert(&mut self, key: &str, hash: u64, window: Window) {
-        self.windows.insert_unique(
-            hash,
-            Slot {
-                hash,
-                key: key.to_owned(),
-                window,
-            },
-            |slot| slot.hash,
-        );
-    }
-
-    fn refund(&mut self, receipt: &Receipt, hash: u64) {
-        let window_ms = window::effective_window_ms(receipt.window_ms);
-        let Ok(mut stored) = self
-            .windows
-            .find_entry(hash, |slot| slot.key == receipt.key)
+            _ => {
+                let used = u128::from(entry.cost);
+                let log = Box::new(LogWindow {
+                    entries: VecDeque::from([entry]),
+                    used,
+                });
+                let expires_ms = log.expiry(window_ms);
+                self.make_room(now_ms, log.heap_bytes(), true, None);
+                self.insert(Slot {
+                    id,
+                    expires_ms,
+                    state: State::Log(log),
+                });
+                return;
+            }
+        };
+        let room = heap_growth == 0 || self.make_room(now_ms, heap_growth, false, Some(id));
+        let Some(Slot {
+            expires_ms,
+            state: State::Log(log),
+            ..
+        }) = self.find(id)
         else {
             return;
         };
-        let now_empty = match (receipt.algorithm, &mut stored.get_mut().window) {
-            (Algorithm::SlidingWindowCounter, Window::Counter(counter))
-                if counter.window_ms == window_ms =>
-            {
+        let before = log.heap_bytes();
+        if !room {
+            // Nothing else in this shard could be evicted: keep the log's size by merging.
+            log.merge_oldest();
+        }
+        log.used = log.used.saturating_add(u128::from(entry.cost));
+        log.entries.push_back(entry);
+        *expires_ms = log.expiry(window_ms);
+        let after = log.heap_bytes();
+        self.log_bytes = self.log_bytes + after - before;
+    }
+
+    fn refund(&mut self, id: Id, receipt: &Receipt, window_ms: u64) {
+        let Ok(mut stored) = self.slots.find_entry(id.hash, |slot| slot.id == id) else {
+            return;
+        };
+        let slot = stored.get_mut();
+        let now_empty = match (receipt.algorithm, &mut slot.state) {
+            (Algorithm::SlidingWindowCounter, State::Counter { prev, curr }) => {
                 // The charge went to `curr` of window `token`; once that window has rolled into
                 // `prev` it is still refundable there, and after that it no longer counts.
-                if receipt.token == counter.index {
-                    counter.curr = counter.curr.saturating_sub(receipt.cost);
-                } else if receipt.token.checked_add(1) == Some(counter.index) {
-                    counter.prev = counter.prev.saturating_sub(receipt.cost);
+                let index = counter_index(slot.expires_ms, window_ms, receipt.token);
+                if receipt.token == index {
+                    *curr = curr.saturating_sub(receipt.cost);
+                } else if receipt.token.checked_add(1) == Some(index) {
+                    *prev = prev.saturating_sub(receipt.cost);
                 }
-                counter.prev == 0 && counter.curr == 0
+                *prev == 0 && *curr == 0
             }
-            (Algorithm::SlidingWindowLog, Window::Log(log)) if log.window_ms == window_ms => {
+            (Algorithm::SlidingWindowLog, State::Log(log)) => {
                 // Ids grow in insertion order, so the entries are sorted by id.
                 if let Ok(position) = log
                     .entries
@@ -444,13 +812,17 @@ impl Shard {
                     && let Some(entry) = log.entries.remove(position)
                 {
                     log.used = log.used.saturating_sub(u128::from(entry.cost));
+                    slot.expires_ms = log.expiry(window_ms);
                 }
                 log.entries.is_empty()
             }
             _ => false,
         };
         if now_empty {
-            stored.remove();
+            let (slot, _) = stored.remove();
+            if let State::Log(log) = &slot.state {
+                self.log_bytes = self.log_bytes.saturating_sub(log.heap_bytes());
+            }
         }
     }
 }
@@ -813,7 +1185,8 @@ pub(super) mod tests {
         h.algorithm = Algorithm::SlidingWindowLog;
         assert!(one(&backend, &h).await.verdict.admitted);
         assert!(!one(&backend, &h).await.verdict.admitted);
-        assert_eq!(backend.key_count(), 1);
+        // Each (key, algorithm, window) is a window of its own; the ones left behind expire.
+        assert_eq!(backend.key_count(), 3);
     }
 
     #[tokio::test]

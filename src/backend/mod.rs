@@ -8,7 +8,7 @@ pub mod redis;
 pub mod shard;
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::window::{Algorithm, Cost, Counting, Verdict};
 
@@ -81,6 +81,28 @@ pub enum BackendError {
     Protocol(String),
 }
 
+/// What a backend holds in this process's memory, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Bytes held (tables and log entries, as asked of the allocator).
+    pub bytes: u64,
+    /// The most bytes the backend will hold.
+    pub budget: u64,
+    /// Windows held, expired ones not yet swept included.
+    pub keys: u64,
+    /// Live windows dropped since start to stay within the budget.
+    pub evictions: u64,
+}
+
+/// A backend whose every call has been failing: since when, and the latest error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SustainedFailure {
+    /// When the first call of the current run of failures failed.
+    pub since: Instant,
+    /// The latest failure.
+    pub error: String,
+}
+
 /// A store that decides hits against sliding windows.
 pub trait Backend: Send + Sync + 'static {
     /// Charges each hit against its window and answers one result per hit, in order. Each hit is
@@ -99,6 +121,24 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Checks that the backend answers, for health reporting.
     fn ping(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Periodic housekeeping, run by the server about once a second: the memory backend sweeps
+    /// its expired windows, so memory comes back while no traffic arrives. Decorators pass it on.
+    fn maintain(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
+    /// What the backend holds in process memory, if it keeps windows there. Decorators pass it
+    /// on.
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        None
+    }
+
+    /// Since when every call has failed, while the latest call failed; `None` while calls
+    /// succeed. Decorators pass it on.
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        None
+    }
 }
 
 /// The backend chosen at startup (`--backend`), dispatching to the concrete store.
@@ -134,6 +174,30 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.ping().await,
             AnyBackend::Redis(b) => b.ping().await,
             AnyBackend::Cluster(b) => b.ping().await,
+        }
+    }
+
+    async fn maintain(&self) {
+        match self {
+            AnyBackend::Memory(b) => b.maintain().await,
+            AnyBackend::Redis(b) => b.maintain().await,
+            AnyBackend::Cluster(b) => b.maintain().await,
+        }
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        match self {
+            AnyBackend::Memory(b) => b.memory_usage(),
+            AnyBackend::Redis(b) => b.memory_usage(),
+            AnyBackend::Cluster(b) => b.memory_usage(),
+        }
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        match self {
+            AnyBackend::Memory(b) => b.failing_since(),
+            AnyBackend::Redis(b) => b.failing_since(),
+            AnyBackend::Cluster(b) => b.failing_since(),
         }
     }
 }

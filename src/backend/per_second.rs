@@ -3,7 +3,9 @@
 //! limits are the busiest and the shortest-lived, so a deployment may give them a Redis of their
 //! own.
 
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
+use crate::backend::{
+    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, ShardKeys, SustainedFailure,
+};
 
 /// The window, in milliseconds, whose limits go to the per-second backend.
 const ONE_SECOND_MS: u64 = 1000;
@@ -103,6 +105,39 @@ impl<B: Backend> Backend for PerSecond<B> {
         match &self.per_second {
             Some(per_second) => per_second.ping().await,
             None => Ok(()),
+        }
+    }
+
+    async fn maintain(&self) {
+        self.main.maintain().await;
+        if let Some(per_second) = &self.per_second {
+            per_second.maintain().await;
+        }
+    }
+
+    /// Both stores' holdings added up (the per-second store is a Redis, which holds none).
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        let main = self.main.memory_usage();
+        let per_second = self.per_second.as_ref().and_then(Backend::memory_usage);
+        match (main, per_second) {
+            (Some(a), Some(b)) => Some(MemoryUsage {
+                bytes: a.bytes.saturating_add(b.bytes),
+                budget: a.budget.saturating_add(b.budget),
+                keys: a.keys.saturating_add(b.keys),
+                evictions: a.evictions.saturating_add(b.evictions),
+            }),
+            (one, other) => one.or(other),
+        }
+    }
+
+    /// The store that has been failing the longer: while either fails every call, the limits it
+    /// holds answer only their failure modes.
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        let main = self.main.failing_since();
+        let per_second = self.per_second.as_ref().and_then(Backend::failing_since);
+        match (main, per_second) {
+            (Some(a), Some(b)) => Some(if b.since < a.since { b } else { a }),
+            (one, other) => one.or(other),
         }
     }
 }

@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+use crate::backend::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, SustainedFailure};
 use crate::window::{self, Cost, Counting};
 
 /// Names the windows of a sharded limit in a backend's key space.
@@ -240,6 +240,18 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
 
     async fn ping(&self) -> Result<(), BackendError> {
         self.inner.ping().await
+    }
+
+    async fn maintain(&self) {
+        self.inner.maintain().await
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        self.inner.memory_usage()
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.inner.failing_since()
     }
 }
 

@@ -186,6 +186,53 @@ impl FileSource {
         }
     }
 
+    /// Why the source yields no policies, as far as its files tell: links that lead nowhere (a
+    /// ConfigMap's `..data` swapped away), no policy file at all, or files that declare no
+    /// domain. For the log line of a reload that found nothing.
+    pub fn why_empty(&self) -> String {
+        let directory = match self {
+            FileSource::Path(path) if path.is_file() => {
+                return "the policy file declares no domain".to_owned();
+            }
+            FileSource::Path(path) => path.clone(),
+            FileSource::Runtime(layout) => {
+                if let Some(why) = layout.reads_nothing() {
+                    return why.to_owned();
+                }
+                layout.directory()
+            }
+        };
+        let Ok(entries) = std::fs::read_dir(&directory) else {
+            return format!("{} cannot be listed", directory.display());
+        };
+        let mut dangling: Vec<String> = entries
+            .flatten()
+            .filter(|entry| {
+                entry.file_type().is_ok_and(|kind| kind.is_symlink())
+                    && std::fs::metadata(entry.path()).is_err()
+            })
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        dangling.sort();
+        let files = match self {
+            FileSource::Path(path) => std::fs::read_dir(path).map_or(0, |entries| {
+                entries
+                    .flatten()
+                    .filter(|entry| is_policy_file(&entry.path()))
+                    .count()
+            }),
+            FileSource::Runtime(layout) => layout.files().map_or(0, |files| files.len()),
+        };
+        match (dangling.is_empty(), files) {
+            (false, _) => format!("dangling symlinks: {}", dangling.join(", ")),
+            (true, 0) => match self {
+                FileSource::Path(_) => "no *.yaml or *.yml files".to_owned(),
+                FileSource::Runtime(_) => "no files".to_owned(),
+            },
+            (true, _) => "the policy files declare no domain".to_owned(),
+        }
+    }
+
     /// A note for the start-up log when the source can read nothing, as configured.
     pub fn reads_nothing(&self) -> Option<&'static str> {
         match self {
@@ -303,6 +350,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("does not exist"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_source_says_why() {
+        let root = tempfile::tempdir().unwrap();
+        let source = FileSource::Path(root.path().to_path_buf());
+        assert_eq!(source.why_empty(), "no *.yaml or *.yml files");
+        std::fs::write(root.path().join("a.yaml"), "domain: d\n").unwrap();
+        assert_eq!(source.why_empty(), "the policy files declare no domain");
+        std::fs::remove_file(root.path().join("a.yaml")).unwrap();
+        // A ConfigMap whose `..data` now names a directory that is not there.
+        std::os::unix::fs::symlink("..gone", root.path().join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/a.yaml", root.path().join("a.yaml")).unwrap();
+        assert_eq!(source.why_empty(), "dangling symlinks: ..data, a.yaml");
+        let mut layout = layout(root.path(), true, false);
+        layout.subdirectory.clear();
+        assert!(
+            FileSource::Runtime(layout)
+                .why_empty()
+                .contains("RUNTIME_SUBDIRECTORY")
+        );
     }
 
     #[test]

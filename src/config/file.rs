@@ -74,10 +74,14 @@ fn finish(snapshot: Snapshot<Pos>) -> Result<Config, ConfigError> {
 
 /// Reads the policy in `text` and adds it to `snapshot`.
 fn add(snapshot: &mut Snapshot<Pos>, file: &Path, text: &str) -> Result<(), ConfigError> {
-    let policy = read(text).map_err(|finding| finding.into_error(file))?;
-    snapshot
-        .add(file, &policy)
-        .map_err(|finding| finding.into_error(file))
+    // A node the parser places at the end of input (an empty value after the last line break)
+    // is reported on the last line, which is where an editor shows the end of the file.
+    let located = |mut finding: Finding<Pos>| {
+        finding.at = yaml::within(text, finding.at);
+        finding.into_error(file)
+    };
+    let policy = read(text).map_err(located)?;
+    snapshot.add(file, &policy).map_err(located)
 }
 
 /// The `*.yaml` / `*.yml` files of a directory (not its subdirectories), sorted by name, and the

@@ -27,6 +27,34 @@ fn position_of(marker: &Marker) -> Pos {
     }
 }
 
+/// `pos`, or the end of the text when the parser points past it (it reports an error at the end
+/// of input on the line after the last one), so a message never names a line the file lacks.
+/// Lines end as YAML ends them: at `\r\n`, `\r` or `\n`.
+pub(super) fn within(text: &str, pos: Pos) -> Pos {
+    let lines = yaml_lines(text);
+    if pos.line <= lines.len() {
+        return pos;
+    }
+    let last = lines.last().copied().unwrap_or("");
+    Pos {
+        line: lines.len().max(1),
+        column: last.chars().count() + 1,
+    }
+}
+
+/// The lines of `text` as YAML counts them (a text always has at least one, maybe empty).
+fn yaml_lines(text: &str) -> Vec<&str> {
+    let mut lines = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(['\r', '\n']) {
+        lines.push(&rest[..at]);
+        let width = if rest[at..].starts_with("\r\n") { 2 } else { 1 };
+        rest = &rest[at + width..];
+    }
+    lines.push(rest);
+    lines
+}
+
 /// A YAML syntax or structure error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct YamlError {
@@ -285,7 +313,7 @@ pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
     };
     for event in Parser::new_from_str(text) {
         let (event, span) = event.map_err(|e| YamlError {
-            pos: position_of(e.marker()),
+            pos: within(text, position_of(e.marker())),
             message: format!("invalid YAML: {}", e.info()),
         })?;
         builder.on_event(event, span)?;
@@ -534,6 +562,17 @@ fn unsupported_tag(tag: &Tag, pos: Pos) -> YamlError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_at_the_end_of_input_points_at_the_last_line() {
+        let error = parse("domain: \"\"\ndescriptrequests_p").unwrap_err();
+        assert_eq!((error.pos.line, error.pos.column), (2, 19), "{error:?}");
+        assert_eq!(yaml_lines("a\r\nb\rc\n"), ["a", "b", "c", ""]);
+        assert_eq!(yaml_lines(""), [""]);
+        // A file whose lines end in a lone CR keeps the lines YAML counts.
+        let error = parse("domain: d\rdescriptors: []\rdomain: e\r").unwrap_err();
+        assert_eq!(error.pos.line, 3, "{error:?}");
+    }
 
     fn root(text: &str) -> Node {
         parse(text).unwrap().unwrap()

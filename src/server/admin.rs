@@ -14,6 +14,7 @@ use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 
 use super::App;
+use super::rls::OVERLOADED;
 use crate::backend::Backend;
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitRequest, rate_limit_response::Code};
 
@@ -55,6 +56,8 @@ async fn healthcheck<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
 }
 
 async fn metrics<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
+    app.metrics
+        .observe_memory(app.limiter.backend().memory_usage());
     (
         [(
             header::CONTENT_TYPE,
@@ -95,6 +98,14 @@ static JSON_TYPES: LazyLock<Result<JsonTypes, String>> = LazyLock::new(|| {
 });
 
 async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Response {
+    answer_json(&app, &body).await
+}
+
+/// What `POST /json` answers for `body`: the proto3 JSON of the `RateLimitResponse` with 200 or
+/// 429, or a message with 400 (unreadable or invalid), 503 (draining, no policies yet,
+/// overloaded) or 500 (the response could not be encoded, which no input should cause). The
+/// request path of the JSON door, callable without a socket (the fuzz target calls it).
+pub async fn answer_json<B: Backend>(app: &App<B>, body: &[u8]) -> Response {
     let types = match JSON_TYPES.as_ref() {
         Ok(types) => types,
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.clone()),
@@ -109,7 +120,7 @@ async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Respon
             "draining: shutting down".into(),
         );
     }
-    let request = match parse_request(&types.request, &body) {
+    let request = match parse_request(&types.request, body) {
         Ok(request) => request,
         Err(message) => {
             app.metrics.observe_unreadable();
@@ -118,7 +129,8 @@ async fn json<B: Backend>(State(app): State<Arc<App<B>>>, body: Bytes) -> Respon
     };
     let response = match app.decide(request).await {
         Ok(response) => response,
-        Err(status) if status.code() == tonic::Code::Unavailable => {
+        // Not ready yet (no policies) or overloaded: the caller may try again, elsewhere or later.
+        Err(status) if matches!(status.code(), tonic::Code::Unavailable | OVERLOADED) => {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 status.message().to_string(),

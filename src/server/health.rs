@@ -190,20 +190,71 @@ impl Policies {
     }
 }
 
-/// Probes the backend forever, keeping `health` in step with it.
-pub async fn probe_backend<B: Backend>(health: Arc<Health>, limiter: Arc<Limiter<B>>) {
+/// How long every backend call must have failed before it is reported as sustained (an error
+/// log line, repeated every [`SUSTAINED_REPORT_EVERY`]) when health is not set to follow it.
+pub const SUSTAINED_AFTER: Duration = Duration::from_secs(10);
+
+/// How often a sustained failure is reported again.
+pub const SUSTAINED_REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// Probes the backend forever, keeping `health` in step with it: NOT_SERVING while it does not
+/// answer a ping, and, with `fail_after`, while every call it was given has failed for that long.
+///
+/// A backend that answers pings but refuses every script (out of memory under `noeviction`, an
+/// ACL user without EVALSHA) leaves every decision on its limits' `failure_mode`. By default that
+/// does not turn health NOT_SERVING: tollgate as a sidecar that turns unready takes its
+/// application out of service, which is the opposite of what `failure_mode: allow` asks for. It
+/// is logged as an error instead, once it has lasted [`SUSTAINED_AFTER`] and then every
+/// [`SUSTAINED_REPORT_EVERY`]. Operators who prefer the instance taken out of service set
+/// `fail_after` (`--health-fail-after`).
+pub async fn probe_backend<B: Backend>(
+    health: Arc<Health>,
+    limiter: Arc<Limiter<B>>,
+    fail_after: Option<Duration>,
+) {
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reported: Option<std::time::Instant> = None;
     loop {
         ticker.tick().await;
         let result = tokio::time::timeout(PROBE_INTERVAL, limiter.backend().ping()).await;
-        let error = match result {
+        let mut error = match result {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),
             Err(_) => Some(format!(
                 "backend unavailable: no answer to a ping within {PROBE_INTERVAL:?}"
             )),
         };
+        let sustained = limiter
+            .backend()
+            .failing_since()
+            .map(|failure| (failure.since.elapsed(), failure.error));
+        match (&sustained, fail_after) {
+            (Some((lasted, latest)), Some(limit)) if *lasted >= limit => {
+                error.get_or_insert_with(|| {
+                    format!(
+                        "every backend call has failed for {}s (--health-fail-after {}): {latest}",
+                        lasted.as_secs(),
+                        humantime::format_duration(limit)
+                    )
+                });
+            }
+            (Some((lasted, latest)), None)
+                if *lasted >= SUSTAINED_AFTER
+                    && reported.is_none_or(|at| at.elapsed() >= SUSTAINED_REPORT_EVERY) =>
+            {
+                reported = Some(std::time::Instant::now());
+                tracing::error!(
+                    failing_for_secs = lasted.as_secs(),
+                    "every backend call has failed for {}s: {latest}; each limit answers its \
+                     failure_mode, and health stays SERVING (--health-fail-after makes it \
+                     NOT_SERVING)",
+                    lasted.as_secs()
+                );
+            }
+            (None, _) => reported = None,
+            _ => {}
+        }
         health.set_backend_error(error).await;
     }
 }

@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::backend::MemoryUsage;
 use crate::proto::{RateLimitResponse, rate_limit_response::Code as ProtoCode};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,9 +30,12 @@ struct CodeLabel {
 pub struct Metrics {
     registry: Registry,
     requests: ByCode,
+    /// Requests answered at once because too many decisions were in flight.
+    overloaded: Counter,
     descriptors: ByCode,
     latency: Histogram,
     xds: Option<XdsMetrics>,
+    memory: MemoryGauges,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,6 +54,15 @@ struct XdsMetrics {
     nacks: Counter,
     last_update: Gauge<f64, AtomicU64>,
     version: Family<VersionLabel, Gauge>,
+}
+
+/// What the memory backend holds, read from its own accounting when the metrics are rendered.
+#[derive(Debug, Default)]
+struct MemoryGauges {
+    bytes: Gauge,
+    budget: Gauge,
+    keys: Gauge,
+    evictions: Counter,
 }
 
 /// One counter per code of a family, created up front so every series exists from startup
@@ -101,7 +114,7 @@ impl Metrics {
         let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         registry.register(
             "requests",
-            "Rate limit requests answered, by overall code (ok, over_limit, invalid)",
+            "Rate limit requests answered, by overall code (ok, over_limit, invalid, overloaded)",
             requests.clone(),
         );
         registry.register(
@@ -114,12 +127,36 @@ impl Metrics {
             "Time to decide one rate limit request",
             latency.clone(),
         );
+        let memory = MemoryGauges::default();
+        registry.register(
+            "memory_bytes",
+            "Bytes the memory backend holds (tables and log entries)",
+            memory.bytes.clone(),
+        );
+        registry.register(
+            "memory_budget_bytes",
+            "The most bytes the memory backend will hold (--memory-budget)",
+            memory.budget.clone(),
+        );
+        registry.register(
+            "memory_keys",
+            "Windows the memory backend holds",
+            memory.keys.clone(),
+        );
+        registry.register(
+            "memory_evictions",
+            "Live windows the memory backend dropped to stay within its budget",
+            memory.evictions.clone(),
+        );
+        let overloaded = requests.get_or_create_owned(&CodeLabel { code: "overloaded" });
         Metrics {
             registry,
             requests: ByCode::new(&requests, true),
+            overloaded,
             descriptors: ByCode::new(&descriptors, false),
             latency,
             xds: None,
+            memory,
         }
     }
 
@@ -194,6 +231,26 @@ impl Metrics {
     pub fn observe_xds_nack(&self) {
         if let Some(xds) = &self.xds {
             xds.nacks.inc();
+        }
+    }
+
+    /// Records a request answered at once because too many decisions were in flight.
+    pub fn observe_overloaded(&self) {
+        self.overloaded.inc();
+    }
+
+    /// Records what the memory backend holds (nothing for the other backends).
+    pub fn observe_memory(&self, usage: Option<MemoryUsage>) {
+        let Some(usage) = usage else {
+            return;
+        };
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        self.memory.bytes.set(gauge(usage.bytes));
+        self.memory.budget.set(gauge(usage.budget));
+        self.memory.keys.set(gauge(usage.keys));
+        let counted = self.memory.evictions.get();
+        if usage.evictions > counted {
+            self.memory.evictions.inc_by(usage.evictions - counted);
         }
     }
 

@@ -1,6 +1,8 @@
 //! Hot reload: the policy files are polled for changes (Kubernetes updates a ConfigMap mount by
-//! swapping a symlink, which no single-file watch sees) and re-read on SIGHUP. A config that fails
-//! to load is logged and the last good one keeps serving.
+//! swapping a symlink, which no single-file watch sees) and re-read on SIGHUP. A change is loaded
+//! once it has stayed unchanged for a settle time, so a file caught mid-write is never applied. A
+//! config that fails to load is logged and the last good one keeps serving, and so does one that
+//! has lost every policy (unless the operator allows empty configs).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,17 +12,35 @@ use crate::backend::Backend;
 use crate::config::{FileSource, LoadOptions};
 use crate::limiter::Limiter;
 
+/// How long a changed config must stay unchanged before it is loaded when no other time is
+/// given. Editors and `kubectl cp` write a file in several steps; a ConfigMap update is a symlink
+/// swap and is whole at once, so this only delays it by the settle time.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(1);
+
+/// How the policy files are watched.
+#[derive(Debug, Clone, Copy)]
+pub struct Watch {
+    /// How often the files are checked for changes.
+    pub interval: Duration,
+    /// How long a change must stay as it is before it is loaded: the files are read again after
+    /// this long, and only applied once two readings agree.
+    pub settle: Duration,
+    /// Whether a config with no policies at all replaces one that has some.
+    pub allow_empty: bool,
+}
+
 /// Watches `source` forever, swapping a freshly loaded config into `limiter` when its files
-/// change (gathered as `options` say; and telling `health` how many domains it has).
+/// change and have settled (gathered as `options` say; and telling `health` how many domains it
+/// has).
 pub async fn watch<B: Backend>(
     limiter: Arc<Limiter<B>>,
     health: Arc<Health>,
     source: FileSource,
     options: LoadOptions,
-    interval: Duration,
+    watch: Watch,
 ) {
     let mut last_seen = source.fingerprint();
-    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    let mut ticker = tokio::time::interval(watch.interval.max(Duration::from_millis(100)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hangup = hangup_signal();
     loop {
@@ -32,17 +52,56 @@ pub async fn watch<B: Backend>(
         if !forced && current == last_seen {
             continue;
         }
-        last_seen = current;
-        if reload(&limiter, &source, options) {
+        last_seen = settled(&source, current, watch.settle).await;
+        if reload(&limiter, &source, options, watch.allow_empty) {
             health.policies_loaded(limiter.config().len()).await;
         }
     }
 }
 
+/// Waits until the files of `source` read the same twice `settle` apart, starting from the
+/// reading `seen`, and answers that reading. A writer that is still at it keeps this waiting, so
+/// a file is never loaded half written (even when its first half is valid YAML on its own).
+async fn settled(source: &FileSource, mut seen: u64, settle: Duration) -> u64 {
+    let mut rounds = 0u32;
+    loop {
+        tokio::time::sleep(settle).await;
+        let again = source.fingerprint();
+        if again == seen {
+            return seen;
+        }
+        seen = again;
+        rounds += 1;
+        if rounds.is_multiple_of(10) {
+            tracing::warn!(
+                source = %source.describe(),
+                "the config keeps changing; waiting for it to stay unchanged for {settle:?} before loading it"
+            );
+        }
+    }
+}
+
 /// Loads `source` (gathered as `options` say) and installs it; on failure keeps the config in
-/// force. Returns whether it took.
-pub fn reload<B: Backend>(limiter: &Limiter<B>, source: &FileSource, options: LoadOptions) -> bool {
+/// force. A config with no policies replaces one that has some only with `allow_empty`: an
+/// emptied directory, a ConfigMap whose `..data` link dangles or files removed one by one would
+/// otherwise allow every request. Returns whether it took.
+pub fn reload<B: Backend>(
+    limiter: &Limiter<B>,
+    source: &FileSource,
+    options: LoadOptions,
+    allow_empty: bool,
+) -> bool {
     match source.load_with(options) {
+        Ok(config) if config.is_empty() && !allow_empty && !limiter.config().is_empty() => {
+            tracing::error!(
+                source = %source.describe(),
+                "config reload found no policies ({}); still serving the last good config ({} \
+                 domains); pass --allow-empty-config to apply an empty config",
+                source.why_empty(),
+                limiter.config().len()
+            );
+            false
+        }
         Ok(config) => {
             for warning in config.warnings() {
                 tracing::warn!("{warning}");

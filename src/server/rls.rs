@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prost_types::value::Kind;
+use tokio::sync::Semaphore;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
 use super::{Health, Metrics};
@@ -31,6 +32,10 @@ pub struct App<B> {
     pub metrics: Metrics,
     /// Where the policies in force came from, said above the table of `/rlconfig`.
     pub origin: Origin,
+    /// Room for decisions in flight; `None` when unbounded.
+    in_flight: Option<Semaphore>,
+    /// The bound, for the message of an overloaded answer.
+    max_in_flight: usize,
 }
 
 /// Lines `/rlconfig` prints (as `# ` comments) above the policy table: where the policies in
@@ -54,6 +59,10 @@ impl Origin {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// What an overloaded tollgate answers at once instead of queueing a call: `RESOURCE_EXHAUSTED`,
+/// which Envoy's rate limit filter treats as any failed call, by its `failure_mode_deny`.
+pub const OVERLOADED: tonic::Code = tonic::Code::ResourceExhausted;
 
 /// The tonic service answering `ShouldRateLimit`.
 #[derive(Debug)]
@@ -82,14 +91,47 @@ impl<B: Backend> proto::rate_limit_service_server::RateLimitService for RlsServi
 }
 
 impl<B: Backend> App<B> {
+    /// The handlers' shared state, with at most `max_in_flight` decisions in flight (`None`:
+    /// unbounded).
+    pub fn new(
+        limiter: Arc<Limiter<B>>,
+        health: Arc<Health>,
+        max_in_flight: Option<usize>,
+    ) -> Self {
+        App {
+            limiter,
+            health,
+            metrics: Metrics::new(),
+            origin: Origin::default(),
+            in_flight: max_in_flight.map(|bound| Semaphore::new(bound.min(Semaphore::MAX_PERMITS))),
+            max_in_flight: max_in_flight.unwrap_or(usize::MAX),
+        }
+    }
+
     /// Decides one protobuf request and records it in the metrics: the request path of both the
-    /// gRPC service and `POST /json`.
+    /// gRPC service and `POST /json`. Past the bound on decisions in flight it answers at once
+    /// with [`OVERLOADED`], touching no counter: a call that waited would only come back after
+    /// its caller gave up.
     pub async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, GrpcStatus> {
         // Before the first policies of a source that waits for them, there is nothing to decide
         // by: answer as a service that is not up yet would, and let Envoy's failure mode rule.
         if let Some(reason) = self.health.waiting_for_policies() {
             return Err(GrpcStatus::unavailable(reason));
         }
+        let _permit = match self.in_flight.as_ref().map(Semaphore::try_acquire) {
+            Some(Err(_)) => {
+                self.metrics.observe_overloaded();
+                return Err(GrpcStatus::new(
+                    OVERLOADED,
+                    format!(
+                        "tollgate is overloaded: {} decisions already in flight",
+                        self.max_in_flight
+                    ),
+                ));
+            }
+            Some(Ok(permit)) => Some(permit),
+            None => None,
+        };
         let started = Instant::now();
         let result = decide(&self.limiter, request).await;
         self.metrics

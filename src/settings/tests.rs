@@ -126,6 +126,60 @@ fn with_nothing_set_serve_keeps_tollgates_defaults() {
 }
 
 #[test]
+fn the_hardening_flags_default_safe_and_reach_their_settings() {
+    let settings = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();
+    assert_eq!(settings.reload_settle, Duration::from_secs(1));
+    assert!(!settings.allow_empty_config);
+    assert_eq!(settings.max_in_flight, Some(256));
+    assert_eq!(settings.health_fail_after, None);
+    assert_eq!(settings.backend.memory_budget, memory::default_budget());
+
+    let flags = Flags {
+        reload_settle: Some(Duration::from_millis(300)),
+        allow_empty_config: Some(true),
+        memory_budget: Some(parse_bytes("4MiB").unwrap()),
+        max_in_flight: Some(0),
+        health_fail_after: Some(Duration::from_secs(30)),
+        ..config_flag()
+    };
+    let settings = resolve(Entry::Tollgate, &flags, &[]).unwrap();
+    assert_eq!(settings.reload_settle, Duration::from_millis(300));
+    assert!(settings.allow_empty_config);
+    assert_eq!(settings.backend.memory_budget, 4 << 20);
+    assert_eq!(settings.max_in_flight, None, "0 is unbounded");
+    assert_eq!(settings.health_fail_after, Some(Duration::from_secs(30)));
+    assert!(settings.notices.is_empty(), "{:?}", settings.notices);
+
+    // A budget for counters that live in Redis is said to do nothing.
+    let redis = Flags {
+        backend: Some(BackendKind::Redis),
+        ..flags
+    };
+    let settings = resolve(Entry::Tollgate, &redis, &[]).unwrap();
+    assert!(
+        settings
+            .notices
+            .iter()
+            .any(|n| n.contains("--memory-budget")),
+        "{:?}",
+        settings.notices
+    );
+}
+
+#[test]
+fn sizes_read_binary_and_decimal_units_and_refuse_a_budget_below_the_least() {
+    assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
+    assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+    assert_eq!(parse_bytes("2M"), Ok(2 << 20));
+    assert_eq!(parse_bytes("5MB"), Ok(5_000_000));
+    assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+    assert!(parse_bytes("512KiB").unwrap_err().contains("smallest"));
+    assert!(parse_bytes("12 parsecs").unwrap_err().contains("unit"));
+    assert!(parse_bytes("MiB").unwrap_err().contains("not a size"));
+    assert!(parse_bytes("99999999999999999999GiB").is_err());
+}
+
+#[test]
 fn the_ratelimit_entry_takes_the_references_defaults() {
     let settings = resolve(Entry::Reference, &Flags::default(), &[]).unwrap();
     assert!(matches!(settings.backend.store, Store::Redis(_)));
@@ -324,6 +378,16 @@ fn unsupported_settings_stop_or_warn_as_carrying_on_would_surprise_or_not() {
         e.starts_with("BACKEND_TYPE=memcache: tollgate has no memcached backend"),
         "{e}"
     );
+    // Merged domains are supported now: the variable applies, and only a malformed value stops.
+    let merged = resolve(
+        Entry::Tollgate,
+        &config_flag(),
+        &[("MERGE_DOMAIN_CONFIG", "true")],
+    )
+    .unwrap();
+    assert!(merged.load_options.merge_domains);
+    let e = error(Entry::Tollgate, &[("MERGE_DOMAIN_CONFIG", "yes")]);
+    assert!(e.starts_with("MERGE_DOMAIN_CONFIG=yes"), "{e}");
     let settings = resolve(
         Entry::Tollgate,
         &config_flag(),

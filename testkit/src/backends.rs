@@ -4,7 +4,9 @@
 
 use std::fmt;
 
-use tollgate::backend::{Backend, BackendError, Hit, Outcome, Receipt, RedisBackend};
+use tollgate::backend::{
+    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, RedisBackend, SustainedFailure,
+};
 use tollgate::clock::{Clock, ManualClock};
 
 /// [`Backend`] in a form that can live behind a pointer: its methods return boxed futures. In a
@@ -13,7 +15,9 @@ mod erased {
     use std::future::Future;
     use std::pin::Pin;
 
-    use tollgate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+    use tollgate::backend::{
+        Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, SustainedFailure,
+    };
 
     type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -27,6 +31,9 @@ mod erased {
             receipts: &'a [Receipt],
         ) -> BoxFuture<'a, Result<(), BackendError>>;
         fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>>;
+        fn maintain(&self) -> BoxFuture<'_, ()>;
+        fn memory_usage(&self) -> Option<MemoryUsage>;
+        fn failing_since(&self) -> Option<SustainedFailure>;
     }
 
     impl<B: Backend> DynBackend for B {
@@ -46,6 +53,18 @@ mod erased {
 
         fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
             Box::pin(Backend::ping(self))
+        }
+
+        fn maintain(&self) -> BoxFuture<'_, ()> {
+            Box::pin(Backend::maintain(self))
+        }
+
+        fn memory_usage(&self) -> Option<MemoryUsage> {
+            Backend::memory_usage(self)
+        }
+
+        fn failing_since(&self) -> Option<SustainedFailure> {
+            Backend::failing_since(self)
         }
     }
 }
@@ -85,6 +104,18 @@ impl Backend for TestBackend {
     async fn ping(&self) -> Result<(), BackendError> {
         self.inner.ping().await
     }
+
+    async fn maintain(&self) {
+        self.inner.maintain().await
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        self.inner.memory_usage()
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.inner.failing_since()
+    }
 }
 
 /// Splits every limit over at least `shards` shards, as if each had `shards: N` in its policy:
@@ -121,6 +152,18 @@ impl<B: Backend> Backend for ForceShards<B> {
     async fn ping(&self) -> Result<(), BackendError> {
         self.inner.ping().await
     }
+
+    async fn maintain(&self) {
+        self.inner.maintain().await
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        self.inner.memory_usage()
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.inner.failing_since()
+    }
 }
 
 /// A Redis backend whose scripts decide at the instant a [`ManualClock`] reads instead of the
@@ -150,5 +193,17 @@ impl Backend for ClockedRedis {
 
     async fn ping(&self) -> Result<(), BackendError> {
         self.inner.ping().await
+    }
+
+    async fn maintain(&self) {
+        self.inner.maintain().await
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        self.inner.memory_usage()
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.inner.failing_since()
     }
 }

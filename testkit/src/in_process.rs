@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::backend::{AnyBackend, MemoryBackend, Sharded};
 use tollgate::clock::ManualClock;
-use tollgate::config::Config;
+use tollgate::config::{Config, FileSource};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::server::{Listeners, ServeError, ServeOptions, serve};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -46,6 +46,9 @@ pub struct InProcessBuilder {
     backend_timeout: Duration,
     reload_interval: Duration,
     drain_timeout: Duration,
+    /// The remaining serve options (bounds, reload safety, health), as `tollgate serve`'s
+    /// defaults unless set.
+    options: ServeOptions,
 }
 
 impl Default for InProcessBuilder {
@@ -60,6 +63,8 @@ impl Default for InProcessBuilder {
             backend_timeout: CALL_TIMEOUT,
             reload_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(1),
+            // The policy source is set at start, once the policy files are written.
+            options: ServeOptions::files(PathBuf::new()),
         }
     }
 }
@@ -108,6 +113,30 @@ impl InProcessBuilder {
         self
     }
 
+    /// `--reload-settle` (default 1 s).
+    pub fn reload_settle(mut self, settle: Duration) -> Self {
+        self.options.reload_settle = settle;
+        self
+    }
+
+    /// `--allow-empty-config`.
+    pub fn allow_empty_config(mut self, allow: bool) -> Self {
+        self.options.allow_empty_config = allow;
+        self
+    }
+
+    /// `--max-in-flight` (`None`: unbounded).
+    pub fn max_in_flight(mut self, bound: Option<usize>) -> Self {
+        self.options.max_in_flight = bound;
+        self
+    }
+
+    /// `--health-fail-after`.
+    pub fn health_fail_after(mut self, after: Duration) -> Self {
+        self.options.health_fail_after = Some(after);
+        self
+    }
+
     /// Starts serving and waits until gRPC health answers SERVING (policies loaded, backend
     /// answering).
     pub fn start(self) -> InProcess {
@@ -134,7 +163,8 @@ impl InProcessBuilder {
         let options = ServeOptions {
             reload_interval: self.reload_interval,
             drain_timeout: self.drain_timeout,
-            ..ServeOptions::files(config_dir.clone())
+            policies: tollgate::server::Policies::Files(FileSource::Path(config_dir.clone())),
+            ..self.options
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let (served, grpc_addr, http_addr) = runtime.block_on(async {

@@ -18,6 +18,7 @@ pub mod net;
 pub mod pki;
 pub mod policy;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod reference;
 pub mod requests;

@@ -14,6 +14,8 @@
 pub mod attack;
 pub mod hotkey;
 pub mod matrix;
+pub mod memory;
+pub mod overload;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -46,14 +48,20 @@ pub enum ScenarioName {
     Hotkey,
     /// One key hammered far over its limit.
     Attack,
+    /// Twice the saturation rate, with and without a bound on decisions in flight.
+    Overload,
+    /// A flood of distinct keys on the memory backend: bytes per key, the budget, idle memory.
+    Memory,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 3] = [
+    pub const ALL: [ScenarioName; 5] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
+        ScenarioName::Overload,
+        ScenarioName::Memory,
     ];
 
     /// The name in records, file names and report markers.
@@ -62,6 +70,8 @@ impl ScenarioName {
             ScenarioName::Matrix => "matrix",
             ScenarioName::Hotkey => "hotkey",
             ScenarioName::Attack => "attack",
+            ScenarioName::Overload => "overload",
+            ScenarioName::Memory => "memory",
         }
     }
 }
@@ -72,6 +82,8 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Matrix => Box::new(matrix::Matrix::new(defaults())),
         ScenarioName::Hotkey => Box::new(hotkey::Hotkey::new(defaults())),
         ScenarioName::Attack => Box::new(attack::Attack::new(defaults())),
+        ScenarioName::Overload => Box::new(overload::Overload::new(defaults())),
+        ScenarioName::Memory => Box::new(memory::Memory::new(defaults())),
     }
 }
 

@@ -1,25 +1,40 @@
 //! The `redis-cluster` backend: a Redis Cluster reached from seed nodes.
 //!
 //! The `redis` crate's async cluster client keeps one connection per node, routes each script call
-//! to the node owning its keys' slot, follows MOVED/ASK and refreshes the slot map after a
-//! failover. Every limiter's keys share a hash tag, so each hit is one script call on one node; the
-//! calls of one request run concurrently, each with its own deadline, so a slow node fails only
-//! the hits it owns.
+//! to the node owning its keys' slot and refreshes the slot map after a failover. Every limiter's
+//! keys share a hash tag, so each hit is one script call on one node; the calls of one request run
+//! concurrently, each with its own deadline, so a slow node fails only the hits it owns.
+//!
+//! # Which calls are sent again
+//!
+//! A script call changes counts, and a refund sent twice gives back twice: the limit would then
+//! admit more than it allows. So a call is resent only when the node certainly did not run it,
+//! which tollgate decides itself: the client's own retries are off (they also resend after a
+//! connection broke, when the call may have run). Resent are calls answered with
+//! - `NOSCRIPT` (sent again with the script itself, `EVAL`),
+//! - `MOVED` (to the node named, or by the slot map once that node is connected),
+//! - `ASK` (to the node named, after `ASKING`),
+//! - `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` (after a short pause),
+//!
+//! and calls that were never sent: no connection to the node (refused, or not yet made). A
+//! timeout, a broken connection or any other error ends the call; each limit then answers its
+//! `failure_mode`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis::Value;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, Reconnecting, backend_error, is_noscript};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
+use super::{FailureLog, Reconnecting, backend_error, permission_error};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
 /// deadline (the connection outlives the call that opened it).
@@ -28,10 +43,18 @@ const NAME: &str = "redis-cluster";
 /// Consecutive failed calls after which the cluster connection is rebuilt from the seeds, in
 /// case the client's own reconnection cannot find its way back (say, every node was replaced).
 const REBUILD_AFTER_FAILURES: u32 = 100;
+/// The most times one call is sent (the first time included); each resend is one the node
+/// certainly did not run, so the bound is only against a cluster that keeps redirecting.
+const MAX_SENDS: u32 = 8;
+/// The first pause before resending a call the cluster refused for now (TRYAGAIN, CLUSTERDOWN,
+/// ...) or could not send; it doubles with each resend, within the call's deadline.
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
 
 /// Sliding windows in a Redis Cluster, shared by every tollgate instance that uses it.
 pub struct ClusterBackend {
     client: Box<ClusterClient>,
+    /// The Redis user tollgate logs in as, for permission errors.
+    user: String,
     connection: Arc<Reconnecting<ClusterConnection>>,
     failures_in_a_row: AtomicU32,
     scripts: Scripts,
@@ -110,7 +133,9 @@ impl ClusterBackend {
         }
         let mut builder = ClusterClientBuilder::new(seeds)
             .connection_timeout(connect_timeout)
-            .response_timeout(connect_timeout);
+            .response_timeout(connect_timeout)
+            // tollgate resends only what certainly did not run (see the module docs)
+            .retries(0);
         let auth = target.auth.clone().or_else(|| {
             target.nodes.first().and_then(|n| {
                 n.password.clone().map(|password| Auth {
@@ -140,8 +165,10 @@ impl ClusterBackend {
             }
         }
         let client = builder.build().map_err(|err| unusable(err.to_string()))?;
+        let user = target.username();
         let backend = ClusterBackend {
             client: Box::new(client),
+            user,
             connection: Arc::default(),
             failures_in_a_row: AtomicU32::new(0),
             scripts: Scripts::default(),
@@ -150,17 +177,14 @@ impl ClusterBackend {
             failures: FailureLog::default(),
         };
         let warm = async {
-            let mut conn = backend.connection().await?;
-            for cmd in backend.scripts.load_commands() {
-                cmd.query_async::<Value>(&mut conn)
-                    .await
-                    .map_err(|err| backend_error(&err))?;
-            }
-            Ok::<(), BackendError>(())
+            let conn = backend.connection().await.map_err(|err| (false, err))?;
+            check_permissions(conn, &backend.scripts, &backend.keys, &backend.user).await
         };
         match tokio::time::timeout(connect_timeout, warm).await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => {
+            // A user who may not run the scripts fails every decision: say so now, not later.
+            Ok(Err((true, err))) => return Err(err),
+            Ok(Err((false, err))) => {
                 tracing::warn!("redis cluster is not ready yet ({err}); retrying on each call")
             }
             Err(_) => tracing::warn!(
@@ -170,33 +194,35 @@ impl ClusterBackend {
         Ok(backend)
     }
 
-    /// The shared cluster connection, opened on first use.
+    /// The shared cluster connection, opened on first use. A new one checks first that the user
+    /// may run the scripts, and logs an error naming what is missing if not.
     async fn connection(&self) -> Result<ClusterConnection, BackendError> {
         let client = self.client.clone();
+        let (scripts, keys, user) = (self.scripts.clone(), self.keys.clone(), self.user.clone());
         self.connection
             .get_or_open(move || async move {
-                client
+                let conn = client
                     .get_async_connection()
                     .await
-                    .map_err(|err| backend_error(&err))
+                    .map_err(|err| backend_error(&err))?;
+                if let Err((true, err)) =
+                    check_permissions(conn.clone(), &scripts, &keys, &user).await
+                {
+                    tracing::error!("redis cluster connection opened, but {err}");
+                }
+                Ok(conn)
             })
             .await
     }
 
-    /// Runs one script call within the deadline; on NOSCRIPT (a node restarted, failed over or
-    /// flushed its scripts) sends the script along, which caches it on that node again.
+    /// Runs one script call within the deadline, resending it only when the node certainly did
+    /// not run it (see the module docs).
     async fn call(&self, call: &Call<'_>) -> Result<Value, BackendError> {
         let run = async {
-            let mut conn = self.connection().await?;
-            match call.evalsha().query_async::<Value>(&mut conn).await {
-                Ok(value) => Ok(value),
-                Err(err) if is_noscript(&err) => call
-                    .eval()
-                    .query_async::<Value>(&mut conn)
-                    .await
-                    .map_err(|err| backend_error(&err)),
-                Err(err) => Err(backend_error(&err)),
-            }
+            let conn = self.connection().await?;
+            send_once(conn, call)
+                .await
+                .map_err(|err| backend_error(&err))
         };
         let result = tokio::time::timeout(self.timeout, run)
             .await
@@ -224,6 +250,163 @@ impl ClusterBackend {
         let reply = self.call(&call).await?;
         call.outcome(hit, reply)
     }
+}
+
+/// Where the next send of a call goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    /// The node that owns the keys' slot, by the client's slot map.
+    Slot,
+    /// The node a MOVED named.
+    Moved(String, u16),
+    /// The node an ASK named, after ASKING.
+    Ask(String, u16),
+}
+
+/// What to do after a send failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resend {
+    /// Never: the call may have run.
+    No,
+    /// Now, with the script itself (`EVAL`): the node lost its script cache.
+    WithScript,
+    /// Now, to another node: the call was redirected.
+    To(Route),
+    /// After a pause, by the slot map: the cluster refused the call for now, or it was never
+    /// sent.
+    Later,
+}
+
+/// Whether a failed send may be repeated: only when the node certainly did not run the call.
+fn resend(err: &RedisError) -> Resend {
+    let address = || {
+        err.redirect_node().and_then(|(address, _slot)| {
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+    };
+    match err.kind() {
+        ErrorKind::Server(ServerErrorKind::NoScript) => Resend::WithScript,
+        ErrorKind::Server(ServerErrorKind::Moved) => address()
+            .map(|(host, port)| Resend::To(Route::Moved(host, port)))
+            .unwrap_or(Resend::Later),
+        ErrorKind::Server(ServerErrorKind::Ask) => address()
+            .map(|(host, port)| Resend::To(Route::Ask(host, port)))
+            .unwrap_or(Resend::No),
+        // Refused by the node before the script ran.
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading,
+        ) => Resend::Later,
+        // Never written to any connection: the client has none to the node, or making one was
+        // refused.
+        ErrorKind::ClusterConnectionNotFound => Resend::Later,
+        _ if err.is_connection_refusal() => Resend::Later,
+        _ => Resend::No,
+    }
+}
+
+/// Sends `call` until a node answers it or a failure leaves in doubt whether it ran. Each resend
+/// is one the node certainly did not run ([`resend`]); the caller's deadline bounds the pauses.
+async fn send_once(mut conn: ClusterConnection, call: &Call<'_>) -> Result<Value, RedisError> {
+    let mut cmd = call.evalsha();
+    let mut route = Route::Slot;
+    let mut pause = FIRST_PAUSE;
+    let mut sends = 0;
+    loop {
+        sends += 1;
+        let err = match send(&mut conn, &cmd, &route).await {
+            Ok(value) => return Ok(value),
+            Err(err) => err,
+        };
+        if sends >= MAX_SENDS {
+            return Err(err);
+        }
+        match resend(&err) {
+            Resend::No => return Err(err),
+            Resend::WithScript => cmd = call.eval(),
+            Resend::To(next) => route = next,
+            Resend::Later => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                route = Route::Slot;
+            }
+        }
+    }
+}
+
+/// One send of `cmd` along `route`; a server error reply is the send's error.
+async fn send(conn: &mut ClusterConnection, cmd: &Cmd, route: &Route) -> Result<Value, RedisError> {
+    let by_address = |host: &str, port: u16| SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    };
+    let reply = match route {
+        Route::Slot => cmd.query_async::<Value>(conn).await?,
+        Route::Moved(host, port) => {
+            conn.route_command(
+                cmd.clone(),
+                RoutingInfo::SingleNode(by_address(host, *port)),
+            )
+            .await?
+        }
+        Route::Ask(host, port) => {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING").add_command(cmd.clone());
+            // The reply to ASKING is skipped: one reply, the call's, is answered.
+            let mut replies = conn
+                .route_pipeline(pipe, 1, 1, by_address(host, *port))
+                .await?;
+            replies.pop().unwrap_or(Value::Nil)
+        }
+    };
+    match reply {
+        Value::ServerError(err) => Err(err.into()),
+        reply => Ok(reply),
+    }
+}
+
+/// The first error a node answered within a reply gathered from several nodes.
+fn server_error_in(reply: Value) -> Option<RedisError> {
+    match reply {
+        Value::ServerError(err) => Some(err.into()),
+        Value::Array(items) | Value::Set(items) => items.into_iter().find_map(server_error_in),
+        Value::Map(pairs) => pairs
+            .into_iter()
+            .find_map(|(key, value)| server_error_in(key).or_else(|| server_error_in(value))),
+        _ => None,
+    }
+}
+
+/// Loads the scripts on every master and runs a harmless one (see the single-server backend);
+/// `Err((true, _))` when the user may not run them, `Err((false, _))` when the check could not
+/// be made.
+async fn check_permissions(
+    mut conn: ClusterConnection,
+    scripts: &Scripts,
+    keys: &KeySpace,
+    user: &str,
+) -> Result<(), (bool, BackendError)> {
+    let classify = |err: RedisError| match permission_error(&err, user) {
+        Some(refused) => (true, refused),
+        None => (false, backend_error(&err)),
+    };
+    for cmd in scripts.load_commands() {
+        let routing = RoutingInfo::MultiNode((
+            redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+            Some(redis::cluster_routing::ResponsePolicy::AllSucceeded),
+        ));
+        let reply = conn.route_command(cmd, routing).await.map_err(classify)?;
+        if let Some(err) = server_error_in(reply) {
+            return Err(classify(err));
+        }
+    }
+    send_once(conn, &scripts.probe(keys))
+        .await
+        .map(drop)
+        .map_err(classify)
 }
 
 /// Shards get hash tags steered to different parts of the slot space, so one hot limit's
@@ -257,5 +440,9 @@ impl Backend for ClusterBackend {
         tokio::time::timeout(self.timeout, ping)
             .await
             .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.failures.sustained()
     }
 }

@@ -192,6 +192,16 @@ pub enum TargetError {
 }
 
 impl Target {
+    /// The user tollgate logs in to the data nodes as, for messages: the configured credentials'
+    /// user, else the first URL's (as the connections take them), else Redis's `default`.
+    pub fn username(&self) -> String {
+        match &self.auth {
+            Some(auth) => auth.username.clone(),
+            None => self.nodes.first().and_then(|node| node.username.clone()),
+        }
+        .unwrap_or_else(|| "default".to_owned())
+    }
+
     /// Reads `text` for `kind`:
     ///
     /// - single: `redis://[user[:password]@]host:port[/db]`, `rediss://...` (TLS), `host:port`,

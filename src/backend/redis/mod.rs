@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError};
 
-use super::BackendError;
+use super::{BackendError, SustainedFailure};
 
 pub use cluster::ClusterBackend;
 pub use keys::KeySpace;
@@ -38,9 +38,29 @@ fn backend_error(err: &RedisError) -> BackendError {
     }
 }
 
-/// Whether an error says the server lost the script cache (restart, failover, SCRIPT FLUSH).
-fn is_noscript(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript)
+/// What a permission check found: the error names the command the Redis user may not run (or
+/// the keys it may not touch) and how to grant it.
+fn permission_error(err: &RedisError, user: &str) -> Option<BackendError> {
+    if err.kind() != ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        return None;
+    }
+    let detail = err.to_string();
+    let lower = detail.to_ascii_lowercase();
+    let what = ["script|load", "evalsha", "eval", "script", "ping"]
+        .into_iter()
+        .find(|command| lower.contains(&format!("'{command}'")))
+        .map(|command| {
+            format!(
+                "may not run {}",
+                command.to_ascii_uppercase().replace('|', " ")
+            )
+        })
+        .unwrap_or_else(|| "may not touch tollgate's keys".to_owned());
+    Some(BackendError::Protocol(format!(
+        "the Redis user {user} {what} ({detail}); tollgate needs +evalsha +eval +script|load \
+         +ping and its key prefix (e.g. ACL SETUSER {user} +evalsha +eval +script|load +ping \
+         ~<prefix>*)"
+    )))
 }
 
 /// How often a continuing failure is reported again.
@@ -60,6 +80,8 @@ struct FailureLog {
 struct Reports {
     last: Option<Instant>,
     unreported: u64,
+    /// When the current run of failures began, and its latest error as last reported.
+    since: Option<(Instant, String)>,
 }
 
 impl FailureLog {
@@ -70,6 +92,9 @@ impl FailureLog {
             return;
         };
         reports.unreported += 1;
+        if reports.since.is_none() {
+            reports.since = Some((Instant::now(), err.to_string()));
+        }
         if reports
             .last
             .is_none_or(|last| last.elapsed() >= REPORT_EVERY)
@@ -81,7 +106,25 @@ impl FailureLog {
             );
             reports.last = Some(Instant::now());
             reports.unreported = 0;
+            if let Some((_, latest)) = reports.since.as_mut() {
+                *latest = err.to_string();
+            }
         }
+    }
+
+    /// Since when every call has failed, while the latest one failed.
+    fn sustained(&self) -> Option<SustainedFailure> {
+        if !self.failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let reports = self.reports.lock().ok()?;
+        reports
+            .since
+            .as_ref()
+            .map(|(since, error)| SustainedFailure {
+                since: *since,
+                error: error.clone(),
+            })
     }
 
     /// Records one successful backend call; reports the end of a failure burst.
@@ -198,5 +241,24 @@ impl<T: Clone + Send + 'static> Reconnecting<T> {
             .as_ref()
             .filter(|(when, _)| when.elapsed() < PAUSE_AFTER_FAILURE)
             .map(|(_, err)| err.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect::redact;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("redis://app:s3cret@10.0.0.1:6379/0"),
+            "redis://<credentials>@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("rediss://:s3cret@host:6380"),
+            "rediss://<credentials>@host:6380"
+        );
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(redact("not a url"), "not a url");
     }
 }

@@ -70,6 +70,18 @@ impl Scripts {
         .collect()
     }
 
+    /// A harmless script call for checking permissions: a check-only counter decision (counting
+    /// admitted hits only, so nothing is written) on a key of its own under the prefix, which
+    /// reads and writes nothing else.
+    pub fn probe<'a>(&'a self, keys: &KeySpace) -> Call<'a> {
+        Call {
+            script: &self.counter,
+            suffixes: COUNTER_KEYS,
+            args: Args::new([1, 1000, 0, 0]),
+            base: keys.base("tollgate-permission-check"),
+        }
+    }
+
     /// The call that decides `hit`, or why it cannot be made.
     pub fn acquire<'a>(&'a self, keys: &KeySpace, hit: &Hit) -> Result<Call<'a>, BackendError> {
         if hit.window_ms == 0 || hit.window_ms > MAX_WINDOW_MS {

@@ -20,7 +20,7 @@ use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
 use super::{FailureLog, Reconnecting, backend_error};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// Shared connections kept checked out of the pool, unless the target says otherwise.
 const LANES: usize = 4;
@@ -34,6 +34,8 @@ const NAME: &str = "redis";
 /// Sliding windows in one Redis server, shared by every tollgate instance that uses it.
 pub struct RedisBackend {
     pool: Pool,
+    /// The Redis user tollgate logs in as, for permission errors (`default` without one).
+    user: String,
     lanes: Box<[Lane]>,
     next_lane: AtomicUsize,
     scripts: Scripts,
@@ -95,6 +97,7 @@ impl RedisBackend {
         let connector = target
             .connector()
             .map_err(|err| BackendError::Unavailable(format!("redis: {err}")))?;
+        let user = target.username();
         let lanes = target.pool_size.filter(|n| *n > 0).unwrap_or(LANES);
         let pool = Pool::builder(Manager::new(connector, connect_timeout))
             .max_size(lanes * 2)
@@ -106,6 +109,7 @@ impl RedisBackend {
             .map_err(|err| BackendError::Unavailable(format!("redis pool: {err}")))?;
         let backend = RedisBackend {
             pool,
+            user,
             lanes: (0..lanes).map(|_| Lane::default()).collect(),
             next_lane: AtomicUsize::new(0),
             scripts: Scripts::default(),
@@ -114,11 +118,25 @@ impl RedisBackend {
             failures: FailureLog::default(),
             wait_replicas,
         };
-        if let Err(err) = backend.load_scripts(connect_timeout).await {
-            tracing::warn!(
-                "redis at {} is not reachable yet ({err}); retrying on each call",
-                target.describe()
-            );
+        match backend.load_scripts(connect_timeout).await {
+            Ok(()) => {
+                // Every lane opens (and checks) its connection now rather than on the first
+                // calls that reach it.
+                for _ in 1..backend.lanes.len() {
+                    let opened = tokio::time::timeout(connect_timeout, backend.connection()).await;
+                    if !matches!(opened, Ok(Ok(_))) {
+                        break;
+                    }
+                }
+            }
+            // A user who may not run the scripts fails every decision: say so now, not later.
+            Err(Checked::Refused(err)) => return Err(err),
+            Err(Checked::Failed(err)) => {
+                tracing::warn!(
+                    "redis at {} is not reachable yet ({err}); retrying on each call",
+                    target.describe()
+                );
+            }
         }
         Ok(backend)
     }
@@ -133,21 +151,16 @@ impl RedisBackend {
         self.decide(hits, Some(now_ms)).await
     }
 
-    /// Loads every script into the server's cache, so that the first calls find them.
-    async fn load_scripts(&self, within: Duration) -> Result<(), BackendError> {
+    /// Loads every script into the server's cache, so that the first calls find them, and
+    /// checks that the user may run them.
+    async fn load_scripts(&self, within: Duration) -> Result<(), Checked> {
         let load = async {
-            let (_, mut conn) = self.connection().await?;
-            let mut pipe = redis::pipe();
-            for cmd in self.scripts.load_commands() {
-                pipe.add_command(cmd).ignore();
-            }
-            pipe.query_async::<()>(&mut conn)
-                .await
-                .map_err(|err| backend_error(&err))
+            let (_, mut conn) = self.connection().await.map_err(Checked::Failed)?;
+            check_permissions(&mut conn, &self.scripts, &self.keys, &self.user).await
         };
         tokio::time::timeout(within, load)
             .await
-            .unwrap_or(Err(BackendError::Timeout(within)))
+            .unwrap_or(Err(Checked::Failed(BackendError::Timeout(within))))
     }
 
     async fn decide(
@@ -175,7 +188,8 @@ impl RedisBackend {
         };
         let mut calls = calls.into_iter();
         let mut refused = refused.into_iter().peekable();
-        hits.iter()
+        let results: Vec<Result<Outcome, BackendError>> = hits
+            .iter()
             .enumerate()
             .map(|(index, hit)| {
                 if let Some((_, err)) = refused.next_if(|(at, _)| *at == index) {
@@ -195,23 +209,30 @@ impl RedisBackend {
                     Err(err) => Err(err.clone()),
                 }
             })
-            .collect()
+            .collect();
+        self.record(&results);
+        results
+    }
+
+    /// Counts a batch of answers for the failure log: any failed call (a script the server
+    /// refused, say out of memory, as much as a connection that broke) is a failure, so a server
+    /// that answers pings but runs no script does not pass for a healthy one.
+    fn record<T>(&self, results: &[Result<T, BackendError>]) {
+        match results.iter().find_map(|result| result.as_ref().err()) {
+            Some(err) => self.failures.failure(NAME, err),
+            None if !results.is_empty() => self.failures.success(NAME),
+            None => {}
+        }
     }
 
     /// Runs `calls` within the deadline, answering one reply per call (see [`call_result`]).
     /// `durable`: the calls admit hits, so with `wait_replicas` their writes must reach the
     /// replicas before they count.
     async fn run(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, BackendError> {
-        let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls, durable)).await;
-        let result = match outcome {
+        match tokio::time::timeout(self.timeout, self.pipeline(calls, durable)).await {
             Ok(result) => result,
             Err(_) => Err(BackendError::Timeout(self.timeout)),
-        };
-        match &result {
-            Ok(_) => self.failures.success(NAME),
-            Err(err) => self.failures.failure(NAME, err),
         }
-        result
     }
 
     /// `WAIT <replicas> <ms>` when decisions must be replicated: it answers how many replicas
@@ -327,14 +348,25 @@ impl RedisBackend {
     }
 
     /// A connection to send on: a lane's shared connection, refilled from the pool when empty.
+    /// A refilled lane checks first that the user may still run the scripts (an ACL can change
+    /// while tollgate runs), and logs an error naming what is missing if not.
     async fn connection(&self) -> Result<(usize, MultiplexedConnection), BackendError> {
-        let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % LANES;
+        let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
         let pool = self.pool.clone();
+        let (scripts, keys, user) = (self.scripts.clone(), self.keys.clone(), self.user.clone());
         let pooled = self.lanes[index]
             .connection
             .get_or_open(move || async move {
                 match pool.get().await {
-                    Ok(pooled) => Ok(Arc::new(pooled)),
+                    Ok(pooled) => {
+                        let mut conn = MultiplexedConnection::clone(&pooled);
+                        if let Err(Checked::Refused(err)) =
+                            check_permissions(&mut conn, &scripts, &keys, &user).await
+                        {
+                            tracing::error!("redis connection reopened, but {err}");
+                        }
+                        Ok(Arc::new(pooled))
+                    }
                     Err(deadpool::managed::PoolError::Backend(err)) => Err(backend_error(&err)),
                     Err(other) => Err(BackendError::Unavailable(format!(
                         "redis connection: {other}"
@@ -357,6 +389,40 @@ impl RedisBackend {
         }
         backend_error(err)
     }
+}
+
+/// What a permission check found wrong.
+#[derive(Debug)]
+enum Checked {
+    /// The user may not run what tollgate needs: every decision would fail.
+    Refused(BackendError),
+    /// The check itself could not be made (the server is down, slow or loading).
+    Failed(BackendError),
+}
+
+/// Loads the scripts (`SCRIPT LOAD`) and runs a harmless one (`EVALSHA` of a check-only decision
+/// on a key of its own), which is what every decision needs the user to be allowed: the commands
+/// and the key prefix.
+async fn check_permissions(
+    conn: &mut MultiplexedConnection,
+    scripts: &Scripts,
+    keys: &KeySpace,
+    user: &str,
+) -> Result<(), Checked> {
+    let classify = |err: RedisError| match super::permission_error(&err, user) {
+        Some(refused) => Checked::Refused(refused),
+        None => Checked::Failed(backend_error(&err)),
+    };
+    for cmd in scripts.load_commands() {
+        cmd.query_async::<Value>(conn).await.map_err(classify)?;
+    }
+    let reply = scripts
+        .probe(keys)
+        .evalsha()
+        .query_async::<Value>(conn)
+        .await
+        .map_err(classify)?;
+    call_result(reply).map(drop).map_err(classify)
 }
 
 /// Sends `commands` in one round trip and answers their replies in order: a command alone goes
@@ -443,10 +509,15 @@ impl Backend for RedisBackend {
             return Ok(());
         }
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        for reply in self.run(&calls, false).await? {
-            call_result(reply).map_err(|err| backend_error(&err))?;
-        }
-        Ok(())
+        let results: Vec<Result<Value, BackendError>> = match self.run(&calls, false).await {
+            Ok(replies) => replies
+                .into_iter()
+                .map(|reply| call_result(reply).map_err(|err| backend_error(&err)))
+                .collect(),
+            Err(err) => vec![Err(err)],
+        };
+        self.record(&results);
+        results.into_iter().try_for_each(|result| result.map(drop))
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
@@ -460,5 +531,9 @@ impl Backend for RedisBackend {
         tokio::time::timeout(self.timeout, ping)
             .await
             .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.failures.sustained()
     }
 }
