@@ -266,7 +266,10 @@ struct Bursts {
 
 impl Bursts {
     fn new(algorithm: &str) -> Bursts {
-        let clock = ManualClock::new(EDGE_MS);
+        // The clock starts well before the first burst: the store never lets time run backwards
+        // (a stepped-back wall clock must not unsort a log), so a burst set before the instant
+        // its housekeeping first read would land at that instant instead.
+        let clock = ManualClock::new(EDGE_MS - 10 * BURST_WINDOW_MS);
         let tollgate = InProcess::builder()
             .policy(
                 "edge.yaml",
