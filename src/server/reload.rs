@@ -5,16 +5,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Health;
+use super::App;
 use crate::backend::Backend;
 use crate::config::{FileSource, LoadOptions};
 use crate::limiter::Limiter;
 
-/// Watches `source` forever, swapping a freshly loaded config into `limiter` when its files
-/// change (gathered as `options` say; and telling `health` how many domains it has).
+/// Watches `source` forever, swapping a freshly loaded config into the app's limiter when its
+/// files change (gathered as `options` say; telling health how many domains it has and the
+/// metrics how the load went).
 pub async fn watch<B: Backend>(
-    limiter: Arc<Limiter<B>>,
-    health: Arc<Health>,
+    app: Arc<App<B>>,
     source: FileSource,
     options: LoadOptions,
     interval: Duration,
@@ -33,8 +33,15 @@ pub async fn watch<B: Backend>(
             continue;
         }
         last_seen = current;
-        if reload(&limiter, &source, options) {
-            health.policies_loaded(limiter.config().len()).await;
+        let loaded = reload(&app.limiter, &source, options);
+        let config = app.limiter.config();
+        let hash = config.content_hash();
+        app.metrics.observe_config_load(
+            if loaded { Ok(&hash) } else { Err(()) },
+            std::time::SystemTime::now(),
+        );
+        if loaded {
+            app.health.policies_loaded(config.len()).await;
         }
     }
 }
