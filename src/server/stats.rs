@@ -379,13 +379,27 @@ impl Collector for ReferenceStats {
         for (name, family) in read(&self.store.counters).iter() {
             let mut metric = encoder.encode_descriptor(name, HELP, None, MetricType::Unknown)?;
             for (labels, counter) in family {
-                metric.encode_family(labels)?.encode_gauge(&counter.get())?;
+                // Without labels, no braces: `name 1`, as the reference's series read.
+                if labels.is_empty() {
+                    metric.encode_gauge(&counter.get())?;
+                } else {
+                    metric.encode_family(labels)?.encode_gauge(&counter.get())?;
+                }
             }
         }
         for (name, family) in read(&self.store.histograms).iter() {
-            let mut metric = encoder.encode_descriptor(name, HELP, None, MetricType::Histogram)?;
-            for (labels, histogram) in family {
-                histogram.encode(metric.encode_family(labels)?)?;
+            // A series without labels is the family's own (the encoder gives no way to add an
+            // empty label set to a family without braces).
+            if let Some(histogram) = family.get(&Vec::new()) {
+                let metric = encoder.encode_descriptor(name, HELP, None, MetricType::Histogram)?;
+                histogram.encode(metric)?;
+            }
+            if family.keys().any(|labels| !labels.is_empty()) {
+                let mut metric =
+                    encoder.encode_descriptor(name, HELP, None, MetricType::Histogram)?;
+                for (labels, histogram) in family.iter().filter(|(l, _)| !l.is_empty()) {
+                    histogram.encode(metric.encode_family(labels)?)?;
+                }
             }
         }
         Ok(())

@@ -18,7 +18,8 @@ use redis::cluster_async::ClusterConnection;
 use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, Reconnecting, backend_error, is_noscript};
+use super::{Failure, Reconnecting, backend_error, is_noscript};
+use crate::backend::observe::{self, FailureKind};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
@@ -37,7 +38,6 @@ pub struct ClusterBackend {
     scripts: Scripts,
     keys: KeySpace,
     timeout: Duration,
-    failures: FailureLog,
 }
 
 impl std::fmt::Debug for ClusterBackend {
@@ -147,10 +147,9 @@ impl ClusterBackend {
             scripts: Scripts::default(),
             keys: KeySpace::new(key_prefix),
             timeout,
-            failures: FailureLog::default(),
         };
         let warm = async {
-            let mut conn = backend.connection().await?;
+            let mut conn = backend.connection().await.map_err(|f| f.error)?;
             for cmd in backend.scripts.load_commands() {
                 cmd.query_async::<Value>(&mut conn)
                     .await
@@ -170,8 +169,9 @@ impl ClusterBackend {
         Ok(backend)
     }
 
-    /// The shared cluster connection, opened on first use.
-    async fn connection(&self) -> Result<ClusterConnection, BackendError> {
+    /// The shared cluster connection, opened on first use. Any failure to get it is a
+    /// connection failure.
+    async fn connection(&self) -> Result<ClusterConnection, Failure> {
         let client = self.client.clone();
         self.connection
             .get_or_open(move || async move {
@@ -181,11 +181,14 @@ impl ClusterBackend {
                     .map_err(|err| backend_error(&err))
             })
             .await
+            .map_err(|error| Failure::new(FailureKind::Connection, error))
     }
 
     /// Runs one script call within the deadline; on NOSCRIPT (a node restarted, failed over or
     /// flushed its scripts) sends the script along, which caches it on that node again.
-    async fn call(&self, call: &Call<'_>) -> Result<Value, BackendError> {
+    /// Failures are counted and logged here (by kind); `operation` names the call in the
+    /// latency histogram.
+    async fn call(&self, call: &Call<'_>, operation: &'static str) -> Result<Value, BackendError> {
         let run = async {
             let mut conn = self.connection().await?;
             match call.evalsha().query_async::<Value>(&mut conn).await {
@@ -194,34 +197,41 @@ impl ClusterBackend {
                     .eval()
                     .query_async::<Value>(&mut conn)
                     .await
-                    .map_err(|err| backend_error(&err)),
-                Err(err) => Err(backend_error(&err)),
+                    .map_err(|err| Failure::redis(&err)),
+                Err(err) => Err(Failure::redis(&err)),
             }
         };
-        let result = tokio::time::timeout(self.timeout, run)
-            .await
-            .unwrap_or(Err(BackendError::Timeout(self.timeout)));
-        match &result {
-            Ok(_) => {
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, run).await;
+        observe::call(NAME, operation, started.elapsed());
+        let result = match outcome {
+            Ok(result) => result,
+            Err(_) => Err(Failure::new(
+                FailureKind::Timeout,
+                BackendError::Timeout(self.timeout),
+            )),
+        };
+        match result {
+            Ok(value) => {
                 self.failures_in_a_row.store(0, Ordering::Relaxed);
-                self.failures.success(NAME);
+                observe::success(NAME);
+                Ok(value)
             }
-            Err(err) => {
+            Err(failure) => {
                 if self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1
                     >= REBUILD_AFTER_FAILURES
                 {
                     self.failures_in_a_row.store(0, Ordering::Relaxed);
                     self.connection.clear();
                 }
-                self.failures.failure(NAME, err);
+                Err(failure.report(NAME))
             }
         }
-        result
     }
 
     async fn decide(&self, hit: &Hit) -> Result<Outcome, BackendError> {
         let call = self.scripts.acquire(&self.keys, hit)?;
-        let reply = self.call(&call).await?;
+        let reply = self.call(&call, "acquire").await?;
         call.outcome(hit, reply)
     }
 }
@@ -241,7 +251,7 @@ impl Backend for ClusterBackend {
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        let results = join_all(calls.iter().map(|call| self.call(call))).await;
+        let results = join_all(calls.iter().map(|call| self.call(call, "release"))).await;
         results.into_iter().try_for_each(|result| result.map(drop))
     }
 
@@ -252,10 +262,19 @@ impl Backend for ClusterBackend {
                 .query_async::<Value>(&mut conn)
                 .await
                 .map(drop)
-                .map_err(|err| backend_error(&err))
+                .map_err(|err| Failure::redis(&err))
         };
-        tokio::time::timeout(self.timeout, ping)
-            .await
-            .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, ping).await;
+        observe::call(NAME, "ping", started.elapsed());
+        // A ping that answers ends no failure burst: PING works while scripts fail.
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(failure)) => Err(failure.report(NAME)),
+            Err(_) => Err(
+                Failure::new(FailureKind::Timeout, BackendError::Timeout(self.timeout))
+                    .report(NAME),
+            ),
+        }
     }
 }

@@ -2,8 +2,9 @@
 //! decides and records atomically. [`RedisBackend`] talks to one server through a deadpool-redis
 //! pool; [`ClusterBackend`] talks to a Redis Cluster through the `redis` crate's cluster client.
 //! Both share the key layout ([`keys`]), the script calls (`scripts`) and, here, the plumbing
-//! around them: how `redis` errors map to [`BackendError`], failure logging once per burst, and
-//! the shared connection that is reopened on demand (`Reconnecting`).
+//! around them: how `redis` errors map to [`BackendError`] and to the kinds of failure
+//! operators see ([`failure_kind`]; counted and logged by [`super::observe`]), and the shared
+//! connection that is reopened on demand (`Reconnecting`).
 
 mod cluster;
 pub mod connect;
@@ -12,13 +13,13 @@ mod scripts;
 mod single;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError};
 
 use super::BackendError;
+use super::observe::{self, FailureKind};
 
 pub use cluster::ClusterBackend;
 pub use keys::KeySpace;
@@ -43,62 +44,66 @@ fn is_noscript(err: &RedisError) -> bool {
     err.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
-/// How often a continuing failure is reported again.
-const REPORT_EVERY: Duration = Duration::from_secs(5);
-
-/// Logs backend failures once per burst: the first failure at once, then a summary with a count at
-/// most every [`REPORT_EVERY`], and one line when calls succeed again. Thousands of requests failing
-/// against a dead Redis thus cost a handful of log lines, not one each.
-#[derive(Debug, Default)]
-struct FailureLog {
-    /// Set while calls fail; lets a success skip the lock.
-    failing: AtomicBool,
-    reports: Mutex<Reports>,
+/// A failed call: what the limiter is told, and which kind of failure operators see.
+#[derive(Debug, Clone)]
+struct Failure {
+    kind: FailureKind,
+    error: BackendError,
 }
 
-#[derive(Debug, Default)]
-struct Reports {
-    last: Option<Instant>,
-    unreported: u64,
+impl Failure {
+    /// A failure of `kind` telling the limiter `error`.
+    fn new(kind: FailureKind, error: BackendError) -> Failure {
+        Failure { kind, error }
+    }
+
+    /// A failure the `redis` crate reported.
+    fn redis(err: &RedisError) -> Failure {
+        Failure::new(failure_kind(err), backend_error(err))
+    }
+
+    /// Counts and (rate-limited) logs the failure on `backend`, and hands its error on.
+    fn report(self, backend: &'static str) -> BackendError {
+        observe::failure(backend, self.kind, &self.error);
+        self.error
+    }
 }
 
-impl FailureLog {
-    /// Records one failed backend call.
-    fn failure(&self, backend: &str, err: &BackendError) {
-        self.failing.store(true, Ordering::Relaxed);
-        let Ok(mut reports) = self.reports.lock() else {
-            return;
-        };
-        reports.unreported += 1;
-        if reports
-            .last
-            .is_none_or(|last| last.elapsed() >= REPORT_EVERY)
-        {
-            tracing::warn!(
-                backend,
-                failures = reports.unreported,
-                "backend call failed: {err}; each affected limit answers its failure_mode"
-            );
-            reports.last = Some(Instant::now());
-            reports.unreported = 0;
-        }
+/// Tells `redis` errors apart by what an operator does about them: the one place that reads
+/// the crate's error kinds and the server's error codes.
+pub fn failure_kind(err: &RedisError) -> FailureKind {
+    use redis::ServerErrorKind as Server;
+    if err.is_timeout() {
+        return FailureKind::Timeout;
     }
+    if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        return FailureKind::Connection;
+    }
+    match err.kind() {
+        ErrorKind::Server(Server::NoScript) => FailureKind::NoScript,
+        ErrorKind::Server(Server::NoPerm) => FailureKind::NoPerm,
+        ErrorKind::Server(Server::ClusterDown | Server::MasterDown) => FailureKind::ClusterDown,
+        ErrorKind::Server(Server::TryAgain) => FailureKind::TryAgain,
+        ErrorKind::Server(Server::Moved | Server::Ask) => FailureKind::Redirect,
+        ErrorKind::Server(Server::ReadOnly) => FailureKind::ReadOnly,
+        ErrorKind::Server(Server::BusyLoading) => FailureKind::Busy,
+        _ => match err.code() {
+            Some("OOM") => FailureKind::Oom,
+            Some("NOPERM") => FailureKind::NoPerm,
+            Some("BUSY") => FailureKind::Busy,
+            // A script that raised an error, or a command it ran that failed.
+            Some("ERR") if err.detail().is_some_and(is_script_error) => FailureKind::Script,
+            _ if err.detail().is_some_and(is_script_error) => FailureKind::Script,
+            _ => FailureKind::Other,
+        },
+    }
+}
 
-    /// Records one successful backend call; reports the end of a failure burst.
-    fn success(&self, backend: &str) {
-        if !self.failing.swap(false, Ordering::Relaxed) {
-            return;
-        }
-        let Ok(mut reports) = self.reports.lock() else {
-            return;
-        };
-        tracing::info!(
-            backend,
-            unreported_failures = reports.unreported,
-            "backend answers again"
-        );
-        *reports = Reports::default();
-    }
+/// Whether a server error's text says it came out of a running script.
+fn is_script_error(detail: &str) -> bool {
+    detail.contains("user_script")
+        || detail.contains("script:")
+        || detail.contains("Error running script")
 }
 
 /// How long a failed attempt is answered from memory before the next attempt.

@@ -19,7 +19,8 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, Reconnecting, backend_error};
+use super::{Failure, Reconnecting, backend_error};
+use crate::backend::observe::{self, FailureKind};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys};
 
 /// Shared connections kept checked out of the pool, unless the target says otherwise.
@@ -39,7 +40,6 @@ pub struct RedisBackend {
     scripts: Scripts,
     keys: KeySpace,
     timeout: Duration,
-    failures: FailureLog,
     /// Replicas that must acknowledge a decision's writes before it counts (0: none).
     wait_replicas: u32,
 }
@@ -111,7 +111,6 @@ impl RedisBackend {
             scripts: Scripts::default(),
             keys: KeySpace::new(key_prefix),
             timeout,
-            failures: FailureLog::default(),
             wait_replicas,
         };
         if let Err(err) = backend.load_scripts(connect_timeout).await {
@@ -136,7 +135,7 @@ impl RedisBackend {
     /// Loads every script into the server's cache, so that the first calls find them.
     async fn load_scripts(&self, within: Duration) -> Result<(), BackendError> {
         let load = async {
-            let (_, mut conn) = self.connection().await?;
+            let (_, mut conn) = self.connection().await.map_err(|f| f.error)?;
             let mut pipe = redis::pipe();
             for cmd in self.scripts.load_commands() {
                 pipe.add_command(cmd).ignore();
@@ -171,11 +170,12 @@ impl RedisBackend {
         let mut replies = if calls.is_empty() {
             Ok(Vec::new().into_iter())
         } else {
-            self.run(&calls, true).await.map(Vec::into_iter)
+            self.run(&calls, true, "acquire").await.map(Vec::into_iter)
         };
         let mut calls = calls.into_iter();
         let mut refused = refused.into_iter().peekable();
-        hits.iter()
+        let results = hits
+            .iter()
             .enumerate()
             .map(|(index, hit)| {
                 if let Some((_, err)) = refused.next_if(|(at, _)| *at == index) {
@@ -185,7 +185,7 @@ impl RedisBackend {
                 match &mut replies {
                     Ok(replies) => match (call, replies.next()) {
                         (Some(call), Some(reply)) => call_result(reply)
-                            .map_err(|err| backend_error(&err))
+                            .map_err(|err| Failure::redis(&err).report(NAME))
                             .and_then(|value| call.outcome(hit, value)),
                         // `pipeline` answers exactly one reply per call.
                         _ => Err(BackendError::Protocol(
@@ -195,23 +195,37 @@ impl RedisBackend {
                     Err(err) => Err(err.clone()),
                 }
             })
-            .collect()
+            .collect::<Vec<_>>();
+        // Only a decision without any failure ends a failure burst: a ping or one hit that
+        // went through says nothing about the calls that keep failing.
+        if results.iter().all(Result::is_ok) {
+            observe::success(NAME);
+        }
+        results
     }
 
     /// Runs `calls` within the deadline, answering one reply per call (see [`call_result`]).
     /// `durable`: the calls admit hits, so with `wait_replicas` their writes must reach the
     /// replicas before they count.
-    async fn run(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, BackendError> {
+    /// Failures are counted and logged here (by kind); `operation` names the call in the latency
+    /// histogram.
+    async fn run(
+        &self,
+        calls: &[Call<'_>],
+        durable: bool,
+        operation: &'static str,
+    ) -> Result<Vec<Value>, BackendError> {
+        let started = std::time::Instant::now();
         let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls, durable)).await;
-        let result = match outcome {
-            Ok(result) => result,
-            Err(_) => Err(BackendError::Timeout(self.timeout)),
-        };
-        match &result {
-            Ok(_) => self.failures.success(NAME),
-            Err(err) => self.failures.failure(NAME, err),
+        observe::call(NAME, operation, started.elapsed());
+        match outcome {
+            Ok(Ok(replies)) => Ok(replies),
+            Ok(Err(failure)) => Err(failure.report(NAME)),
+            Err(_) => Err(
+                Failure::new(FailureKind::Timeout, BackendError::Timeout(self.timeout))
+                    .report(NAME),
+            ),
         }
-        result
     }
 
     /// `WAIT <replicas> <ms>` when decisions must be replicated: it answers how many replicas
@@ -229,11 +243,7 @@ impl RedisBackend {
 
     /// Sends `calls` in one round trip: one command alone, several as a pipeline (followed by a
     /// `WAIT` when the writes must be replicated).
-    async fn pipeline(
-        &self,
-        calls: &[Call<'_>],
-        durable: bool,
-    ) -> Result<Vec<Value>, BackendError> {
+    async fn pipeline(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, Failure> {
         let (lane, mut conn) = self.connection().await?;
         let timed = LaneGuard {
             lane: &self.lanes[lane],
@@ -259,18 +269,19 @@ impl RedisBackend {
             None => None,
         };
         if replies.len() != calls.len() {
-            return Err(BackendError::Protocol(format!(
-                "pipeline of {} calls answered {} replies",
-                calls.len(),
-                replies.len()
-            )));
+            return Err(Failure::new(
+                FailureKind::Other,
+                BackendError::Protocol(format!(
+                    "pipeline of {} calls answered {} replies",
+                    calls.len(),
+                    replies.len()
+                )),
+            ));
         }
         if replies.iter().any(is_read_only) {
             // The server turned replica (a failover): this connection can never write again.
             self.lanes[lane].discard();
-            return Err(BackendError::Unavailable(
-                "redis answered READONLY: the server is a replica now (failover)".into(),
-            ));
+            return Err(read_only());
         }
         // The server lost its script cache (restart, SCRIPT FLUSH): send those scripts along,
         // which caches them again. Calls that hit NOSCRIPT did not run, so resending is safe.
@@ -295,9 +306,7 @@ impl RedisBackend {
             }
             if again.iter().any(is_read_only) {
                 self.lanes[lane].discard();
-                return Err(BackendError::Unavailable(
-                    "redis answered READONLY: the server is a replica now (failover)".into(),
-                ));
+                return Err(read_only());
             }
             for (i, reply) in missing.into_iter().zip(again) {
                 replies[i] = reply;
@@ -307,19 +316,25 @@ impl RedisBackend {
             let replicas = match acknowledged {
                 Some(Value::Int(n)) => n,
                 other => {
-                    return Err(BackendError::Protocol(format!(
-                        "WAIT answered {other:?} instead of a replica count"
-                    )));
+                    return Err(Failure::new(
+                        FailureKind::Other,
+                        BackendError::Protocol(format!(
+                            "WAIT answered {other:?} instead of a replica count"
+                        )),
+                    ));
                 }
             };
             if replicas < i64::from(self.wait_replicas) {
                 // The hits were recorded on this server but may not survive a failover, so they
                 // are not counted as admitted: each limit answers its failure mode instead.
                 timed.answered();
-                return Err(BackendError::Unavailable(format!(
-                    "{replicas} of {} replicas acknowledged the decision in time",
-                    self.wait_replicas
-                )));
+                return Err(Failure::new(
+                    FailureKind::Other,
+                    BackendError::Unavailable(format!(
+                        "{replicas} of {} replicas acknowledged the decision in time",
+                        self.wait_replicas
+                    )),
+                ));
             }
         }
         timed.answered();
@@ -327,7 +342,8 @@ impl RedisBackend {
     }
 
     /// A connection to send on: a lane's shared connection, refilled from the pool when empty.
-    async fn connection(&self) -> Result<(usize, MultiplexedConnection), BackendError> {
+    /// Any failure to get one is a connection failure.
+    async fn connection(&self) -> Result<(usize, MultiplexedConnection), Failure> {
         let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % LANES;
         let pool = self.pool.clone();
         let pooled = self.lanes[index]
@@ -341,12 +357,13 @@ impl RedisBackend {
                     ))),
                 }
             })
-            .await?;
+            .await
+            .map_err(|error| Failure::new(FailureKind::Connection, error))?;
         Ok((index, MultiplexedConnection::clone(&pooled)))
     }
 
     /// Classifies a failed round trip; a connection that broke leaves its lane.
-    fn broken(&self, lane: usize, err: &RedisError) -> BackendError {
+    fn broken(&self, lane: usize, err: &RedisError) -> Failure {
         if err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
@@ -355,7 +372,7 @@ impl RedisBackend {
         {
             self.lanes[lane].discard();
         }
-        backend_error(err)
+        Failure::redis(err)
     }
 }
 
@@ -379,6 +396,16 @@ async fn send(
         pipe.add_command(command);
     }
     conn.send_packed_commands(&pipe, 0, pipe.len()).await
+}
+
+/// The failure of a write refused by a server that is a replica now.
+fn read_only() -> Failure {
+    Failure::new(
+        FailureKind::ReadOnly,
+        BackendError::Unavailable(
+            "redis answered READONLY: the server is a replica now (failover)".into(),
+        ),
+    )
 }
 
 /// Whether a reply is the error a replica gives to writes.
@@ -443,8 +470,8 @@ impl Backend for RedisBackend {
             return Ok(());
         }
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        for reply in self.run(&calls, false).await? {
-            call_result(reply).map_err(|err| backend_error(&err))?;
+        for reply in self.run(&calls, false, "release").await? {
+            call_result(reply).map_err(|err| Failure::redis(&err).report(NAME))?;
         }
         Ok(())
     }
@@ -457,8 +484,18 @@ impl Backend for RedisBackend {
                 Err(err) => Err(self.broken(lane, &err)),
             }
         };
-        tokio::time::timeout(self.timeout, ping)
-            .await
-            .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, ping).await;
+        observe::call(NAME, "ping", started.elapsed());
+        // A ping that answers ends no failure burst: PING works while scripts fail (OOM,
+        // NOPERM), and the bursts are about the calls that decide.
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(failure)) => Err(failure.report(NAME)),
+            Err(_) => Err(
+                Failure::new(FailureKind::Timeout, BackendError::Timeout(self.timeout))
+                    .report(NAME),
+            ),
+        }
     }
 }
