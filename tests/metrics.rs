@@ -48,6 +48,11 @@ descriptors:
     rate_limit:
       unit: hour
       requests_per_unit: 1000
+  - key: sharded
+    rate_limit:
+      unit: hour
+      requests_per_unit: 8
+      shards: 4
   - key: key1
     value: value1
     descriptors:
@@ -233,7 +238,25 @@ async fn keys_follow_the_references_rules(t: &Target) {
     );
 }
 
+// Each hit on a sharded limit touches one shard, or two when the first was full. No other test
+// of this binary has a sharded limit, so the process-wide counts are this test's.
+async fn sharded_hits_count_the_shards_they_touch(t: &Target) {
+    let limiter = t.limiter(config(), Settings::default()).await;
+    let metrics = Metrics::new();
+    let codes = send_times(&limiter, &metrics, &one(&[("sharded", "x")]), 12).await;
+    let refused = codes.iter().filter(|c| **c == Code::OverLimit).count();
+    assert!(refused >= 4, "8 of 12 fit at most: {codes:?}");
+    let text = metrics.render();
+    let touched = |n: &str| {
+        sample(&text, "tollgate_shard_hits_total", &[("shards_touched", n)]).unwrap_or(0.0)
+    };
+    assert_eq!(touched("1") + touched("2"), 12.0, "{text}");
+    // Every refused hit was tried on a second shard first.
+    assert!(touched("2") >= refused as f64, "{text}");
+}
+
 tollgate_testkit::cases! {
+    sharded_hits_count_the_shards_they_touch: [memory];
     per_limit_counts_follow_known_traffic: exact;
     shadow_limits_count_their_overs: exact;
     the_near_limit_ratio_moves_the_threshold: [memory];

@@ -81,10 +81,16 @@ struct ErrorLabels {
     kind: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabels {
+    shards_touched: &'static str,
+}
+
 #[derive(Debug)]
 struct Observer {
     latency: Family<CallLabels, Histogram>,
     errors: Family<ErrorLabels, Counter>,
+    shard_hits: Family<ShardLabels, Counter>,
     log: Mutex<HashMap<(&'static str, FailureKind), Burst>>,
     /// Set while some failure is going on; lets every success skip the lock.
     failing: AtomicBool,
@@ -106,6 +112,7 @@ fn observer() -> &'static Observer {
             Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
         }),
         errors: Family::default(),
+        shard_hits: Family::default(),
         log: Mutex::new(HashMap::new()),
         failing: AtomicBool::new(false),
     })
@@ -126,6 +133,26 @@ pub fn register(registry: &mut Registry) {
          script, clusterdown, tryagain, moved_ask, readonly, busy, other)",
         observer.errors.clone(),
     );
+    registry.register(
+        "shard_hits",
+        "Hits on sharded limits by how many shards they touched: 1, or 2 when the first shard \
+         refused and another was tried",
+        observer.shard_hits.clone(),
+    );
+}
+
+/// Records `hits` hits on sharded limits, of which `retried` touched a second shard.
+pub fn shard_hits(hits: usize, retried: usize) {
+    let shard_hits = &observer().shard_hits;
+    let add = |shards_touched, n: usize| {
+        if n > 0 {
+            shard_hits
+                .get_or_create(&ShardLabels { shards_touched })
+                .inc_by(n as u64);
+        }
+    };
+    add("1", hits.saturating_sub(retried));
+    add("2", retried);
 }
 
 /// Records one backend call of `operation` on `backend` that took `elapsed`.
