@@ -17,7 +17,7 @@ use tollgate_testkit::net::{agent, send};
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::requests::{descriptor, request};
 use tollgate_testkit::rls;
-use tollgate_testkit::target::Target;
+use tollgate_testkit::target::{Store, Target};
 use tollgate_testkit::tollgate::Tollgate;
 use tollgate_testkit::wait;
 
@@ -586,4 +586,100 @@ fn a_stopped_redis_is_counted_as_connection_and_its_return_logged() {
     assert_eq!(recoveries, 1, "{log}");
     assert!(!log.contains(SECRET), "the password is in the log:\n{log}");
     assert!(!tollgate_metrics(&tollgate).contains(SECRET));
+}
+
+/// The metric names (`tollgate_*`, `ratelimit_*`) a PromQL expression uses.
+fn series_in(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|token| token.starts_with("tollgate_") || token.starts_with("ratelimit_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether `/metrics` serves `name`: as a sample, or as a family (declared by `# TYPE`, which a
+/// labelled family has before its first series).
+fn is_served(metrics: &str, name: &str) -> bool {
+    let sample = metrics.lines().any(|line| {
+        line.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+    });
+    let family = ["_total", "_bucket", "_count", "_sum", ""]
+        .iter()
+        .filter_map(|suffix| name.strip_suffix(suffix))
+        .any(|base| metrics.contains(&format!("# TYPE {base} ")));
+    sample || family
+}
+
+/// Every series the Grafana dashboard and the alerting rules under `deploy/` query is one a
+/// server serves, once it has seen the traffic the series count.
+#[test]
+fn the_dashboard_and_alerts_query_served_series() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/tollgate.json")).expect("read"),
+    )
+    .expect("the dashboard is JSON");
+    let mut names = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            names.extend(series_in(target["expr"].as_str().expect("an expr")));
+        }
+    }
+    let alerts = std::fs::read_to_string(root.join("deploy/prometheus/alerts.yaml")).expect("read");
+    let mut alert_names = 0;
+    for line in alerts.lines() {
+        if let Some(expr) = line.trim().strip_prefix("expr:") {
+            let found = series_in(expr);
+            assert!(!found.is_empty(), "an alert on no tollgate series: {line}");
+            alert_names += found.len();
+            names.extend(found);
+        }
+    }
+    assert!(alert_names >= 7 && names.len() >= 15, "{names:?}");
+
+    let server = InProcess::builder()
+        .policy("another.yaml", POLICY)
+        .reload_interval(Duration::from_millis(200))
+        .start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut client = rls::client(server.grpc_addr()).await.expect("connect");
+        for (key, times) in [("key2", 25), ("shadow", 3), ("sharded", 12)] {
+            for _ in 0..times {
+                client
+                    .should_rate_limit(rls::request(DOMAIN, &[&[(key, "d")]]))
+                    .await
+                    .expect("a decision");
+            }
+        }
+        let empty = client.should_rate_limit(rls::request("", &[])).await;
+        assert!(empty.is_err());
+    });
+    std::fs::write(server.config_dir().join("another.yaml"), "domain: [\n").expect("write");
+    wait::until("the refused reload", Duration::from_secs(20), || {
+        sample(
+            &get_metrics(&server),
+            "ratelimit_service_config_load_error",
+            &[],
+        ) == Some(1.0)
+    });
+    // A second server on a Redis out of memory: backend failures and failure-mode answers.
+    let redis = RedisServer::start_with(&["--maxmemory", "1", "--maxmemory-policy", "noeviction"]);
+    let failing = InProcess::builder()
+        .policy("another.yaml", POLICY)
+        .store(Store::Redis(redis.url()))
+        .start();
+    runtime.block_on(async {
+        let mut client = rls::client(failing.grpc_addr()).await.expect("connect");
+        client
+            .should_rate_limit(rls::request(DOMAIN, &[&[("key2", "d")]]))
+            .await
+            .expect("a failure-mode answer");
+    });
+    let metrics = get_metrics(&server) + &get_metrics(&failing);
+    let missing: Vec<&String> = names.iter().filter(|n| !is_served(&metrics, n)).collect();
+    assert!(missing.is_empty(), "not served: {missing:?}\n{metrics}");
 }
