@@ -15,7 +15,10 @@ use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, MemoryBackend, PerSecond};
 use tollgate::config::{Config, LoadOptions};
 use tollgate::limiter::Limiter;
-use tollgate::server::{self, Listeners, Policies, ServeOptions, ServerTls, reload};
+use tollgate::server::mapper::Mapper;
+use tollgate::server::{
+    self, Listeners, MetricsOptions, Policies, ServeOptions, ServerTls, reload,
+};
 use tollgate::settings::{self, Entry, Flags, LogFormat, PolicySettings, Settings, Store};
 
 /// A sliding-window rate-limit service for Envoy (RateLimitService v3).
@@ -216,11 +219,68 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
                 .as_ref()
                 .map_or_else(|| "/metrics".to_owned(), |p| p.path.clone()),
             require_config: settings.healthy_with_at_least_one_config_loaded,
+            metrics: metrics_options(&settings),
         };
         server::serve(Arc::new(limiter), listeners, options, termination())
             .await
             .context("serving failed")
     })
+}
+
+/// How the reference-named statistics are built: the mapping file of `PROMETHEUS_MAPPER_YAML`
+/// when it reads, else the reference's default mapping (in milliseconds when asked).
+fn metrics_options(settings: &Settings) -> MetricsOptions {
+    let stats = &settings.stats;
+    let default = || {
+        if stats.response_time_as_milliseconds {
+            Mapper::default_mapping_in_milliseconds()
+        } else {
+            Mapper::default_mapping()
+        }
+    };
+    let mapper = match &stats.mapper_yaml {
+        None => default(),
+        Some(path) => {
+            let read = std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| Mapper::parse(&text).map_err(|e| e.to_string()));
+            match read {
+                Ok(mapper) => {
+                    if !mapper.unsupported().is_empty() {
+                        tracing::warn!(
+                            "PROMETHEUS_MAPPER_YAML={}: these keys are not supported and are \
+                             ignored: {} (supported: match, match_type, name, labels, \
+                             match_metric_type, action, scale, help, timer_type, observer_type, \
+                             defaults.match_type)",
+                            path.display(),
+                            mapper.unsupported().join(", ")
+                        );
+                    } else {
+                        tracing::info!(
+                            "PROMETHEUS_MAPPER_YAML={}: the reference-named metrics are mapped \
+                             by this file",
+                            path.display()
+                        );
+                    }
+                    mapper
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        "PROMETHEUS_MAPPER_YAML={}: not usable ({error}); the reference's default \
+                         mapping is used instead",
+                        path.display()
+                    );
+                    default()
+                }
+            }
+        }
+    };
+    MetricsOptions {
+        mapper,
+        // The reference reads the ratio as a 32-bit float and computes in it.
+        near_limit_ratio: settings.behaviour.near_limit_ratio as f32,
+        max_request_keys: stats.max_request_keys,
+    }
 }
 
 async fn connect_backend(settings: &Settings) -> anyhow::Result<Sharded<PerSecond<AnyBackend>>> {

@@ -156,6 +156,11 @@ pub struct Flags {
     /// PROMETHEUS_ADDR, PROMETHEUS_PATH].
     #[arg(long, env = "TOLLGATE_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// The most distinct metric keys built from request values (detailed_metric,
+    /// value_to_metric, a descriptor's own limit) that get series of their own; further ones
+    /// count under their domain's `tollgate_overflow` key [default: 10000].
+    #[arg(long, env = "TOLLGATE_METRICS_MAX_REQUEST_KEYS")]
+    pub metrics_max_request_keys: Option<usize>,
     /// Serve gRPC over TLS with this certificate chain (PEM), re-read when it changes [also
     /// GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT].
     #[arg(long, env = "TOLLGATE_TLS_CERT")]
@@ -383,6 +388,8 @@ pub struct StatsSettings {
     pub mapper_yaml: Option<PathBuf>,
     /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`.
     pub response_time_as_milliseconds: bool,
+    /// `--metrics-max-request-keys`: the cap on request-built metric keys.
+    pub max_request_keys: usize,
 }
 
 /// A metrics listener.
@@ -567,13 +574,6 @@ impl Settings {
             .string("PROMETHEUS_MAPPER_YAML")
             .filter(|p| !p.is_empty())
             .map(PathBuf::from);
-        if let Some(mapper) = &mapper_yaml {
-            notices.push(format!(
-                "PROMETHEUS_MAPPER_YAML={}: the reference-named metrics it maps are not in this \
-                 build yet; tollgate's own metrics are served unmapped",
-                mapper.display()
-            ));
-        }
         let response_time_as_milliseconds = env
             .boolean("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")?
             .unwrap_or(false);
@@ -715,6 +715,9 @@ impl Settings {
                 prometheus,
                 mapper_yaml,
                 response_time_as_milliseconds,
+                max_request_keys: flags
+                    .metrics_max_request_keys
+                    .unwrap_or(crate::server::stats::DEFAULT_MAX_REQUEST_KEYS),
             },
             tracing,
             notices,

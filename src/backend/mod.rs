@@ -3,6 +3,7 @@
 //! combines the verdicts and gives back (releases) what a rejected request took.
 
 pub mod memory;
+pub mod observe;
 pub mod per_second;
 pub mod redis;
 pub mod shard;

@@ -204,6 +204,7 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
                 inner_hits.push(self.shard_hit(hit, other, hit.counting));
             }
         }
+        super::observe::shard_hits(chosen.iter().flatten().count(), retried.len());
         if !inner_hits.is_empty() {
             let second = answer_each(self.inner.acquire(&inner_hits).await, inner_hits.len());
             for ((index, shard), result) in retried.into_iter().zip(second) {

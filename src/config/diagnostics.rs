@@ -12,7 +12,7 @@ use super::schema::Place;
 
 /// A 1-based position in a text file (the column counts characters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Pos {
+pub(crate) struct Pos {
     /// 1-based line.
     pub line: usize,
     /// 1-based column, in characters.

@@ -74,6 +74,12 @@ impl Domain {
         let mut level = &self.tree;
         let last = entries.len().checked_sub(1)?;
         let mut shared = Vec::new();
+        // How each level matched, kept only for the levels that change the metric key: empty
+        // (no allocation) for the common exact and key-only paths without `value_to_metric`.
+        let mut marks: Vec<(usize, Mark<'a>)> = Vec::new();
+        // Levels matched by a key-only node, as bits (the limiter allows 32 entries; deeper
+        // levels could only be wrong in a metric key, never in a decision).
+        let mut key_only = 0u64;
         for (index, entry) in entries.iter().enumerate() {
             let candidates = level.get(entry.key.as_str())?;
             let (node, wildcard) = if let Some(&node) = candidates.exact.get(entry.value.as_str()) {
@@ -85,16 +91,30 @@ impl Domain {
             {
                 (*node, Some(pattern))
             } else {
+                if let Some(bit) = 1u64.checked_shl(index as u32) {
+                    key_only |= bit;
+                }
                 (candidates.key_only?, None)
             };
             let node = candidates.nodes.get(node)?;
-            if let Some(pattern) = wildcard
-                && node.share_threshold
-            {
-                shared.push((index, pattern.as_str()));
+            if let Some(pattern) = wildcard {
+                if node.share_threshold {
+                    shared.push((index, pattern.as_str()));
+                }
+                marks.push((
+                    index,
+                    Mark::Wildcard {
+                        pattern: pattern.as_str(),
+                        share: node.share_threshold,
+                        value_to_metric: node.value_to_metric,
+                    },
+                ));
+            } else if node.value_to_metric {
+                marks.push((index, Mark::ValueToMetric));
             }
             if index == last {
                 return node.limit.as_ref().map(|limit| Matched {
+                    metric_key: metric_key(&self.name, entries, limit, &marks, key_only),
                     limit,
                     shared,
                     metadata: node.metadata.as_ref(),
@@ -108,6 +128,104 @@ impl Domain {
         }
         None
     }
+}
+
+/// How one level of a request matched, where that matters to the metric key.
+#[derive(Debug, Clone, Copy)]
+enum Mark<'a> {
+    /// A wildcard value, with the node's flags.
+    Wildcard {
+        pattern: &'a str,
+        share: bool,
+        value_to_metric: bool,
+    },
+    /// An exact or key-only node with `value_to_metric`.
+    ValueToMetric,
+}
+
+/// The key envoyproxy/ratelimit counts a matched limit's statistics under, when it is not the
+/// limit's `full_key`: with `detailed_metric` on the node holding the limit, every level's
+/// request value (a `share_threshold` wildcard keeps its pattern); else, when a level has
+/// `value_to_metric`, the request's value at those levels. `None` means `full_key`.
+fn metric_key(
+    domain: &str,
+    entries: &[Entry],
+    limit: &Limit,
+    marks: &[(usize, Mark<'_>)],
+    key_only: u64,
+) -> Option<String> {
+    let mark = |index: usize| marks.iter().find(|(i, _)| *i == index).map(|(_, m)| *m);
+    let mut key = String::from(domain);
+    if limit.detailed_metric {
+        let any_share = marks
+            .iter()
+            .any(|(_, m)| matches!(m, Mark::Wildcard { share: true, .. }));
+        for (index, entry) in entries.iter().enumerate() {
+            key.push('.');
+            key.push_str(&entry.key);
+            match mark(index) {
+                Some(Mark::Wildcard {
+                    pattern,
+                    share: true,
+                    ..
+                }) => {
+                    key.push('_');
+                    key.push_str(pattern);
+                }
+                // Without a shared level every value is written, even an empty one (`key_`).
+                _ if !any_share || !entry.value.is_empty() => {
+                    key.push('_');
+                    key.push_str(&entry.value);
+                }
+                _ => {}
+            }
+        }
+        return Some(key);
+    }
+    if !marks.iter().any(|(_, m)| {
+        matches!(
+            m,
+            Mark::ValueToMetric
+                | Mark::Wildcard {
+                    value_to_metric: true,
+                    share: false,
+                    ..
+                }
+        )
+    }) {
+        return None;
+    }
+    for (index, entry) in entries.iter().enumerate() {
+        key.push('.');
+        key.push_str(&entry.key);
+        let value = match mark(index) {
+            Some(Mark::Wildcard {
+                pattern,
+                share,
+                value_to_metric,
+            }) => {
+                if value_to_metric && !share {
+                    entry.value.as_str()
+                } else {
+                    pattern
+                }
+            }
+            Some(Mark::ValueToMetric) => entry.value.as_str(),
+            // Key-only: nothing; an exact value: the request's, which equals the config's.
+            None if 1u64
+                .checked_shl(index as u32)
+                .is_some_and(|bit| key_only & bit != 0) =>
+            {
+                ""
+            }
+            None => entry.value.as_str(),
+        };
+        if !value.is_empty() {
+            key.push('_');
+            key.push_str(value);
+        }
+    }
+    (key != limit.full_key).then_some(key)
 }
 
 /// The children of a node (or the top of a domain), by descriptor key.
@@ -171,6 +289,8 @@ pub(super) struct TreeNode {
     pub metadata: Option<MetaValue>,
     /// Whether the values its wildcard matches share one counter.
     pub share_threshold: bool,
+    /// Whether the request's value stands in metric keys instead of the config's.
+    pub value_to_metric: bool,
     /// The level below it.
     pub children: Level,
 }

@@ -25,14 +25,14 @@
 //! `Config::from_yaml`, `Config::domain`, `Config::limits`, `Config::table`, `Config::warnings`,
 //! `Domain::resolve`, `Limit`, `Matched`, `MetaValue`, `FailureMode`, `ConfigError`.
 
-mod diagnostics;
+pub(crate) mod diagnostics;
 mod discovery;
 mod domain;
 mod file;
 mod rules;
 mod schema;
 pub mod xds;
-mod yaml;
+pub(crate) mod yaml;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -151,6 +151,9 @@ pub struct Matched<'a> {
     pub shared: Vec<(usize, &'a str)>,
     /// The matched node's `metadata`, if any.
     pub metadata: Option<&'a MetaValue>,
+    /// The key envoyproxy/ratelimit counts this match's statistics under, when it is built from
+    /// the request (`detailed_metric`, `value_to_metric`); `None` means the limit's `full_key`.
+    pub metric_key: Option<String>,
 }
 
 /// An immutable snapshot of every loaded policy file: the domains and their limits.
@@ -227,6 +230,18 @@ impl Config {
     /// Non-fatal findings, each `file:line:column: warning: ...`.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// A short hash (16 hex digits of SHA-256) of the policy table: the same limits give the same
+    /// hash whatever source or file layout they came from, so instances can be compared.
+    pub fn content_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.table().as_bytes());
+        let mut hash = String::with_capacity(16);
+        for byte in digest.iter().take(8) {
+            let _ = write!(hash, "{byte:02x}");
+        }
+        hash
     }
 
     /// The policy table printed by `tollgate check` and served at `/rlconfig`: one line per

@@ -377,6 +377,7 @@ impl<'p, L: Location> Checker<'p, L> {
                     limit,
                     metadata,
                     share_threshold,
+                    value_to_metric: node.value_to_metric,
                     children,
                 },
             );

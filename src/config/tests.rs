@@ -399,3 +399,136 @@ fn config_is_shareable_across_threads() {
     assert_send_sync::<Config>();
     assert_send_sync::<Arc<Config>>();
 }
+
+/// The policies of envoyproxy/ratelimit's own tests of its statistics keys.
+const METRIC_KEYS: &str = r#"
+domain: d
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: k1
+    descriptors:
+      - key: k2
+        value_to_metric: true
+        descriptors:
+          - key: k3
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: detailed_route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            detailed_metric: true
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: action
+        value: "read*"
+        value_to_metric: true
+        descriptors:
+          - key: resource
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: files
+    value: "files/*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: api
+    value: "api/*"
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: service
+    value: "svc/*"
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: wild
+    value: "foo*"
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: plain_wild
+    value: "foo*"
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: key7
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 60}
+"#;
+
+#[test]
+fn metric_keys_follow_the_references_rules() {
+    let config = Config::from_yaml("d.yaml", METRIC_KEYS).unwrap();
+    let domain = config.domain("d").unwrap();
+    let key = |entries: &[(&str, &str)]| {
+        let entries: Vec<Entry> = entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect();
+        let matched = domain.resolve(&entries).expect("a limit");
+        matched
+            .metric_key
+            .unwrap_or_else(|| matched.limit.full_key.clone())
+    };
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[
+                ("route", "draw"),
+                ("http_method", "GET"),
+                ("subject_id", "123"),
+            ],
+            "d.route_draw.http_method_GET.subject_id",
+        ),
+        (&[("k1", "X"), ("k2", "Y"), ("k3", "Z")], "d.k1.k2_Y.k3"),
+        (
+            &[
+                ("detailed_route", "draw"),
+                ("http_method", "GET"),
+                ("subject_id", "123"),
+            ],
+            "d.detailed_route_draw.http_method_GET.subject_id_123",
+        ),
+        (
+            &[("route", ""), ("http_method", "GET"), ("subject_id", "1")],
+            "d.route.http_method_GET.subject_id",
+        ),
+        (
+            &[
+                ("user", "alice"),
+                ("action", "readfile"),
+                ("resource", "documents"),
+            ],
+            "d.user_alice.action_readfile.resource",
+        ),
+        (&[("files", "files/a.pdf")], "d.files_files/*"),
+        (
+            &[("api", "api/v1"), ("method", "GET")],
+            "d.api_api/*.method",
+        ),
+        (
+            &[("service", "svc/user"), ("endpoint", "get")],
+            "d.service_svc/*.endpoint_get",
+        ),
+        (&[("wild", "foo1")], "d.wild_foo1"),
+        (&[("plain_wild", "foo1")], "d.plain_wild_foo*"),
+        (&[("key7", "unspecified_value")], "d.key7_unspecified_value"),
+        (&[("key7", "")], "d.key7_"),
+    ];
+    for (entries, expected) in cases {
+        assert_eq!(key(entries), *expected, "{entries:?}");
+    }
+}

@@ -57,21 +57,21 @@ fn yaml_lines(text: &str) -> Vec<&str> {
 
 /// A YAML syntax or structure error.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct YamlError {
+pub(crate) struct YamlError {
     pub pos: Pos,
     pub message: String,
 }
 
 /// A node and where it starts.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Node {
+pub(crate) struct Node {
     pub pos: Pos,
     pub value: Value,
 }
 
 /// The three kinds of YAML node.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Value {
+pub(crate) enum Value {
     Scalar(Scalar),
     Seq(Vec<Node>),
     /// Pairs in file order; keys are unique by text.
@@ -80,7 +80,7 @@ pub(super) enum Value {
 
 /// A scalar as written.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Scalar {
+pub(crate) struct Scalar {
     pub text: String,
     /// Plain (unquoted, not a block scalar): only these are typed by their text.
     pub plain: bool,
@@ -89,7 +89,7 @@ pub(super) struct Scalar {
 
 /// The explicit tags a policy file may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum CoreTag {
+pub(crate) enum CoreTag {
     Str,
     Int,
     Float,
@@ -99,7 +99,7 @@ pub(super) enum CoreTag {
 
 /// A scalar's typed value.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Resolved<'a> {
+pub(crate) enum Resolved<'a> {
     Null,
     Bool(bool),
     Int(i128),
@@ -303,7 +303,7 @@ struct Builder {
 }
 
 /// Parses one YAML document. `Ok(None)` for a file without any document (empty or comments only).
-pub(super) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
+pub(crate) fn parse(text: &str) -> Result<Option<Node>, YamlError> {
     let mut builder = Builder {
         stack: Vec::new(),
         anchors: HashMap::new(),

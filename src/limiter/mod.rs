@@ -86,6 +86,56 @@ pub struct Decision {
     /// hitsAddend?}], hitsAddend?, metadata?}`, where `metadata` merges the `metadata` of the
     /// limits of the descriptors that passed (first writer wins per key, maps merged).
     pub dynamic_metadata: Option<MetaValue>,
+    /// What each charged limit did, in request order, for the statistics the server keeps (the
+    /// limiter decides, the server counts). Descriptors without a limit, and unlimited and
+    /// replaced limits, have none, as envoyproxy/ratelimit counts nothing for them.
+    pub reports: Vec<LimitReport>,
+    /// Whether the request was over its limits but answered OK because of `--shadow-mode`.
+    pub shadowed: bool,
+}
+
+/// What one charged limit did with a request's hit: the inputs of envoyproxy/ratelimit's
+/// per-limit counters (`total_hits`, `over_limit`, `near_limit`, `within_limit`, `shadow_mode`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitReport {
+    /// The request descriptor charged.
+    pub descriptor: usize,
+    /// The limit charged.
+    pub limit: Arc<Limit>,
+    /// The key the statistics are counted under when it comes from the request
+    /// (`detailed_metric`, `value_to_metric`, a descriptor's own `limit`); `None`: the limit's
+    /// `full_key`. See [`LimitReport::stat_key`].
+    pub request_key: Option<String>,
+    /// The units the hit asked for (0 for a check, which counts nothing).
+    pub cost: u64,
+    /// What the backend made of it.
+    pub usage: Usage,
+}
+
+impl LimitReport {
+    /// The key the reference counts this limit's statistics under, before its stat-name
+    /// sanitising: `domain.key_value.key...`.
+    pub fn stat_key(&self) -> &str {
+        self.request_key.as_deref().unwrap_or(&self.limit.full_key)
+    }
+}
+
+/// The usage of a limit around one hit, in whole units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    /// The backend decided: the usage before the hit and with it (`after = before + cost`,
+    /// whether or not the hit was recorded), and whether it was admitted. A sliding window's
+    /// fractional usage is rounded up, as the remaining reported to Envoy is rounded down.
+    Decided {
+        /// Usage before the hit.
+        before: u64,
+        /// Usage with the hit.
+        after: u64,
+        /// Whether the hit fit.
+        admitted: bool,
+    },
+    /// The backend failed; the limit answered its failure mode.
+    Failed(FailureMode),
 }
 
 /// Why a request could not be decided at all.
@@ -162,9 +212,10 @@ pub struct Limiter<B> {
     limit_headers: Option<LimitHeaders>,
 }
 
-/// What one descriptor resolved to: the limit that applies, if any, and the identity of the
-/// counter it charges (empty when nothing will be charged).
-type Resolved = (Option<Arc<Limit>>, String);
+/// What one descriptor resolved to: the limit that applies, if any, the identity of the counter
+/// it charges (empty when nothing will be charged) and its statistics key when the request
+/// supplies it.
+type Resolved = (Option<Arc<Limit>>, String, Option<String>);
 
 /// What one descriptor resolved to before the backend is asked.
 enum Plan {
@@ -177,6 +228,7 @@ enum Plan {
         limit: Arc<Limit>,
         hit: usize,
         counting: Counting,
+        request_key: Option<String>,
     },
 }
 
@@ -249,7 +301,7 @@ impl<B: Backend> Limiter<B> {
             return request
                 .descriptors
                 .iter()
-                .map(|_| (None, String::new()))
+                .map(|_| (None, String::new(), None))
                 .collect();
         };
         let mut resolved = Vec::with_capacity(request.descriptors.len());
@@ -262,7 +314,9 @@ impl<B: Backend> Limiter<B> {
                     limit.algorithm,
                     limit.window_ms,
                 );
-                (Some(limit), key)
+                // The override's statistics are keyed by the request's entries.
+                let stat_key = limit.full_key.clone();
+                (Some(limit), key, Some(stat_key))
             } else if let Some(matched) = domain.resolve(&descriptor.entries) {
                 if let Some(meta) = matched.metadata {
                     metadata_sources.push((index, meta));
@@ -280,9 +334,9 @@ impl<B: Backend> Limiter<B> {
                         limit.window_ms,
                     )
                 };
-                (Some(Arc::clone(limit)), key)
+                (Some(Arc::clone(limit)), key, matched.metric_key)
             } else {
-                (None, String::new())
+                (None, String::new(), None)
             };
             resolved.push(entry);
         }
@@ -298,7 +352,7 @@ impl<B: Backend> Limiter<B> {
     ) -> Vec<Plan> {
         let mut plans = Vec::with_capacity(resolved.len());
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            let Some((limit, _)) = resolved.get(index) else {
+            let Some((limit, _, _)) = resolved.get(index) else {
                 break;
             };
             let plan = match limit {
@@ -312,7 +366,7 @@ impl<B: Backend> Limiter<B> {
                         // The key was built for this hit alone: move it rather than copy it.
                         key: resolved
                             .get_mut(index)
-                            .map(|(_, key)| std::mem::take(key))
+                            .map(|(_, key, _)| std::mem::take(key))
                             .unwrap_or_default(),
                         algorithm: limit.algorithm,
                         limit: u64::from(limit.requests_per_unit),
@@ -325,6 +379,7 @@ impl<B: Backend> Limiter<B> {
                         limit,
                         hit: hits.len() - 1,
                         counting,
+                        request_key: resolved.get_mut(index).and_then(|(_, _, key)| key.take()),
                     }
                 }
             };
@@ -346,8 +401,9 @@ impl<B: Backend> Limiter<B> {
         let mut rate_limits_over = 0usize;
         let (mut quota_total, mut quota_over) = (0usize, 0usize);
         let mut retry_after: Option<u64> = None;
+        let mut reports = Vec::new();
 
-        for plan in &plans {
+        for (descriptor, plan) in plans.iter().enumerate() {
             let status = match plan {
                 Plan::Free => {
                     // Under global quota mode a descriptor without a limit is a quota descriptor
@@ -368,10 +424,22 @@ impl<B: Backend> Limiter<B> {
                     remaining: u32::MAX,
                     reset: None,
                 },
-                Plan::Limited { limit, hit, .. } => {
+                Plan::Limited {
+                    limit,
+                    hit,
+                    counting,
+                    request_key,
+                } => {
+                    let cost = match request.descriptors.get(descriptor) {
+                        Some(d) => match cost_of(request, d) {
+                            Cost::Consume(units) => units,
+                            Cost::CheckOnly => 0,
+                        },
+                        None => 0,
+                    };
                     // Read in place: the receipts stay in `results` until a rejection needs them.
                     // A missing result (a backend answering fewer hits than asked) is a failure.
-                    let (mut code, remaining, reset_ms) = match results.get(*hit) {
+                    let (mut code, remaining, reset_ms, usage) = match results.get(*hit) {
                         Some(Ok(outcome)) => {
                             let verdict = outcome.verdict;
                             let code = if verdict.admitted {
@@ -379,18 +447,34 @@ impl<B: Backend> Limiter<B> {
                             } else {
                                 Code::OverLimit
                             };
-                            (code, verdict.remaining, verdict.reset_ms)
+                            let usage = usage_of(
+                                u64::from(limit.requests_per_unit),
+                                cost,
+                                verdict.admitted,
+                                verdict.remaining,
+                                *counting,
+                            );
+                            (code, verdict.remaining, verdict.reset_ms, usage)
                         }
                         Some(Err(_)) | None => {
                             // The backend logs its own failures, once per burst.
-                            match limit.failure_mode.unwrap_or(self.settings.failure_mode) {
+                            let mode = limit.failure_mode.unwrap_or(self.settings.failure_mode);
+                            let usage = Usage::Failed(mode);
+                            match mode {
                                 FailureMode::Allow => {
-                                    (Code::Ok, u64::from(limit.requests_per_unit), 0)
+                                    (Code::Ok, u64::from(limit.requests_per_unit), 0, usage)
                                 }
-                                FailureMode::Deny => (Code::OverLimit, 0, 1000),
+                                FailureMode::Deny => (Code::OverLimit, 0, 1000, usage),
                             }
                         }
                     };
+                    reports.push(LimitReport {
+                        descriptor,
+                        limit: Arc::clone(limit),
+                        request_key: request_key.clone(),
+                        cost,
+                        usage,
+                    });
                     if code == Code::OverLimit && limit.shadow_mode {
                         code = Code::Ok;
                     }
@@ -496,6 +580,8 @@ impl<B: Backend> Limiter<B> {
             statuses,
             response_headers,
             dynamic_metadata,
+            reports,
+            shadowed: rejected && self.settings.shadow_mode,
         }
     }
 }
@@ -570,12 +656,39 @@ fn validate(request: &Request) -> Result<(), LimiterError> {
 /// first).
 fn is_replaced(limit: &Limit, resolved: &[Resolved]) -> bool {
     limit.name.as_deref().is_some_and(|name| {
-        resolved.iter().any(|(other, _)| {
+        resolved.iter().any(|(other, _, _)| {
             other
                 .as_ref()
                 .is_some_and(|o| o.replaces.iter().any(|r| r == name))
         })
     })
+}
+
+/// The usage around a hit of `cost` units on a limit of `limit`, from the backend's verdict.
+///
+/// The verdict's `remaining` is `floor(limit - used)`: after the hit when it was admitted; when
+/// it was refused, before it if refused hits are not recorded, after it (so 0) if they are. A
+/// refused hit recorded under [`Counting::All`] therefore tells only that usage was at or above
+/// the limit with it: it is taken as wholly over, which is exact for hits of one unit (they
+/// cannot cross the limit part way).
+fn usage_of(limit: u64, cost: u64, admitted: bool, remaining: u64, counting: Counting) -> Usage {
+    let used = limit.saturating_sub(remaining);
+    let (before, after) = if admitted {
+        (used.saturating_sub(cost), used)
+    } else {
+        match counting {
+            Counting::Admitted => (used, used.saturating_add(cost)),
+            Counting::All => {
+                let before = used.max(limit);
+                (before, before.saturating_add(cost))
+            }
+        }
+    };
+    Usage::Decided {
+        before,
+        after,
+        admitted,
+    }
 }
 
 /// The cost of one descriptor's hit: its own `hits_addend` (0 = check only), else the request's

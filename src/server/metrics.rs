@@ -1,8 +1,9 @@
-//! Prometheus metrics of the request path, served by `GET /metrics`.
+//! Prometheus metrics of the request path, served by `GET /metrics`: tollgate's own (`tollgate_*`)
+//! and envoyproxy/ratelimit's statistics under the names its users query ([`ReferenceStats`]).
 //!
-//! Labels are drawn only from closed sets (codes) so that no client can grow the metric set. The
-//! xDS source's metrics carry the version of the policies in force as a label: one series at a
-//! time, replaced at each update.
+//! tollgate's own labels are drawn only from closed sets (codes) or from the policies (limit
+//! keys), so that no client can grow the metric set. The xDS source's metrics and the loaded
+//! config's hash carry a version as a label: one series at a time, replaced at each update.
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,8 +15,52 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::mapper::Mapper;
+use super::stats::{DEFAULT_MAX_REQUEST_KEYS, ReferenceStats};
 use crate::backend::MemoryUsage;
+use crate::config::FailureMode;
+use crate::limiter::{Decision, LimitReport, Usage};
 use crate::proto::{RateLimitResponse, rate_limit_response::Code as ProtoCode};
+
+/// How the reference-named statistics are built.
+#[derive(Debug, Clone)]
+pub struct MetricsOptions {
+    /// The statsd-to-Prometheus mapping (the reference's default, or `PROMETHEUS_MAPPER_YAML`).
+    pub mapper: Mapper,
+    /// `NEAR_LIMIT_RATIO`: hits above this share of a limit count as `near_limit`.
+    pub near_limit_ratio: f32,
+    /// The most distinct keys built from request values (`detailed_metric`, `value_to_metric`,
+    /// descriptor overrides) that get series of their own.
+    pub max_request_keys: usize,
+}
+
+impl Default for MetricsOptions {
+    fn default() -> Self {
+        MetricsOptions {
+            mapper: Mapper::default_mapping(),
+            near_limit_ratio: 0.8,
+            max_request_keys: DEFAULT_MAX_REQUEST_KEYS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    limit: String,
+    answer: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HashLabel {
+    hash: String,
+}
+
+/// The policies' metrics: loads, when the last one took, and what is in force.
+#[derive(Debug)]
+struct ConfigMetrics {
+    last_success: Gauge<f64, AtomicU64>,
+    hash: Family<HashLabel, Gauge>,
+}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabel {
@@ -36,6 +81,9 @@ pub struct Metrics {
     latency: Histogram,
     xds: Option<XdsMetrics>,
     memory: MemoryGauges,
+    stats: std::sync::Arc<ReferenceStats>,
+    failure_answers: Family<FailureLabels, Counter>,
+    config: ConfigMetrics,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,50 +153,95 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every metric at zero.
+    /// A fresh registry with every metric at zero and the reference's default mapping.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("tollgate");
+        Self::with_options(MetricsOptions::default())
+    }
+
+    /// A fresh registry with every metric at zero, the reference-named statistics built as
+    /// `options` say.
+    pub fn with_options(options: MetricsOptions) -> Self {
+        let mut registry = Registry::default();
+        let overflowed = Counter::default();
+        let stats = std::sync::Arc::new(ReferenceStats::new(
+            options.mapper,
+            options.near_limit_ratio,
+            options.max_request_keys,
+            overflowed.clone(),
+        ));
+        registry.register_collector(Box::new(std::sync::Arc::clone(&stats)));
+        let own = registry.sub_registry_with_prefix("tollgate");
         let requests = Family::<CodeLabel, Counter>::default();
         let descriptors = Family::<CodeLabel, Counter>::default();
         // 50 µs .. ~1.6 s: the range between an in-memory decision and a stalled backend.
         let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
-        registry.register(
+        own.register(
             "requests",
             "Rate limit requests answered, by overall code (ok, over_limit, invalid, overloaded)",
             requests.clone(),
         );
-        registry.register(
+        own.register(
             "descriptors",
             "Descriptor statuses answered, by code (ok, over_limit)",
             descriptors.clone(),
         );
-        registry.register(
+        own.register(
             "request_duration_seconds",
             "Time to decide one rate limit request",
             latency.clone(),
         );
         let memory = MemoryGauges::default();
-        registry.register(
+        own.register(
             "memory_bytes",
             "Bytes the memory backend holds (tables and log entries)",
             memory.bytes.clone(),
         );
-        registry.register(
+        own.register(
             "memory_budget_bytes",
             "The most bytes the memory backend will hold (--memory-budget)",
             memory.budget.clone(),
         );
-        registry.register(
+        own.register(
             "memory_keys",
             "Windows the memory backend holds",
             memory.keys.clone(),
         );
-        registry.register(
+        own.register(
             "memory_evictions",
             "Live windows the memory backend dropped to stay within its budget",
             memory.evictions.clone(),
         );
         let overloaded = requests.get_or_create_owned(&CodeLabel { code: "overloaded" });
+        let failure_answers = Family::<FailureLabels, Counter>::default();
+        own.register(
+            "failure_mode_answers",
+            "Limits answered by their failure_mode because the backend failed, by limit (its \
+             full key; `<domain>.(override)` for a descriptor's own limit) and answer",
+            failure_answers.clone(),
+        );
+        own.register(
+            "metric_keys_overflowed",
+            "Hits counted under a domain's tollgate_overflow key because more distinct \
+             request-built metric keys (detailed_metric, value_to_metric, overrides) were seen \
+             than the cap allows",
+            overflowed,
+        );
+        let config = ConfigMetrics {
+            last_success: Gauge::default(),
+            hash: Family::default(),
+        };
+        own.register(
+            "config_last_load_success_timestamp_seconds",
+            "When the policies in force were loaded (Unix time)",
+            config.last_success.clone(),
+        );
+        own.register(
+            "config_hash",
+            "A hash of the policies in force (their resolved table), as the label (1 while in \
+             force)",
+            config.hash.clone(),
+        );
+        crate::backend::observe::register(own);
         Metrics {
             registry,
             requests: ByCode::new(&requests, true),
@@ -157,6 +250,9 @@ impl Metrics {
             latency,
             xds: None,
             memory,
+            stats,
+            failure_answers,
+            config,
         }
     }
 
@@ -170,27 +266,28 @@ impl Metrics {
             last_update: Gauge::default(),
             version: Family::default(),
         };
-        self.registry.register(
+        let own = self.registry.sub_registry_with_prefix("tollgate");
+        own.register(
             "xds_connects",
             "Connections to the xDS management server (the first and every reconnect)",
             xds.connects.clone(),
         );
-        self.registry.register(
+        own.register(
             "xds_updates",
             "xDS pushes accepted (ACKed) and put in force",
             xds.updates.clone(),
         );
-        self.registry.register(
+        own.register(
             "xds_nacks",
             "xDS pushes refused (NACKed); the policies in force stayed",
             xds.nacks.clone(),
         );
-        self.registry.register(
+        own.register(
             "xds_last_update_timestamp_seconds",
             "When the policies in force were accepted from xDS (Unix time; 0 before the first)",
             xds.last_update.clone(),
         );
-        self.registry.register(
+        own.register(
             "xds_version",
             "The xDS version of the policies in force, as the label (1 while in force)",
             xds.version.clone(),
@@ -254,6 +351,76 @@ impl Metrics {
         }
     }
 
+    /// Records a policy load: `Ok(hash)` of the config put in force at `at`, or a load that failed
+    /// (the last good config stays).
+    pub fn observe_config_load(&self, loaded: Result<&str, ()>, at: SystemTime) {
+        match loaded {
+            Ok(hash) => {
+                self.stats.count("ratelimit.service.config_load_success", 1);
+                let seconds = at
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64();
+                self.config.last_success.set(seconds);
+                self.config.hash.clear();
+                self.config
+                    .hash
+                    .get_or_create(&HashLabel {
+                        hash: hash.to_string(),
+                    })
+                    .set(1);
+            }
+            Err(()) => self.stats.count("ratelimit.service.config_load_error", 1),
+        }
+    }
+
+    /// Records what the limiter decided for a request of `domain`: the reference's per-limit
+    /// statistics, its `should_rate_limit` backend errors and global shadow mode, and tollgate's
+    /// failure-mode answers.
+    pub fn observe_decision(&self, domain: &str, decision: &Decision) {
+        let mut backend_failed = false;
+        for report in &decision.reports {
+            self.stats.record(domain, report);
+            if let Usage::Failed(mode) = report.usage {
+                backend_failed = true;
+                self.failure_answers
+                    .get_or_create(&FailureLabels {
+                        limit: failure_label(domain, report),
+                        answer: match mode {
+                            FailureMode::Allow => "allow",
+                            FailureMode::Deny => "deny",
+                        },
+                    })
+                    .inc();
+            }
+        }
+        if backend_failed {
+            // One per request, as the reference counts a failed Redis pipeline.
+            self.stats
+                .count("ratelimit.service.call.should_rate_limit.redis_error", 1);
+        }
+        if decision.shadowed {
+            self.stats.count("ratelimit.service.global_shadow_mode", 1);
+        }
+    }
+
+    /// Records a request the limiter refused as invalid (the reference's `service_error`).
+    pub fn observe_service_error(&self) {
+        self.stats
+            .count("ratelimit.service.call.should_rate_limit.service_error", 1);
+    }
+
+    /// Records one unary gRPC call of `method` (e.g. `ShouldRateLimit`) that took `elapsed`: the
+    /// reference's `total_requests` and `response_time` of its gRPC interceptor.
+    pub fn observe_grpc(&self, method: &str, elapsed: Duration) {
+        self.stats
+            .count(&format!("ratelimit_server.{method}.total_requests"), 1);
+        self.stats.observe_ms(
+            &format!("ratelimit_server.{method}.response_time"),
+            elapsed.as_secs_f64() * 1000.0,
+        );
+    }
+
     /// Records a request refused before it could be decided (e.g. a body that is not JSON).
     pub fn observe_unreadable(&self) {
         self.requests.invalid.inc();
@@ -272,11 +439,30 @@ impl Metrics {
         }
     }
 
+    /// How many request-built metric keys have series of their own.
+    pub fn request_keys(&self) -> u64 {
+        self.stats.request_keys()
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The `limit` label of a failure-mode answer: the limit's full key, which comes from the
+/// policies, except for a descriptor's own limit, whose key the request made.
+fn failure_label(domain: &str, report: &LimitReport) -> String {
+    if report.request_key.as_deref() == Some(report.limit.full_key.as_str())
+        && report.limit.name.is_none()
+        && !report.limit.detailed_metric
+        && !report.limit.value_to_metric
+    {
+        format!("{domain}.(override)")
+    } else {
+        report.limit.full_key.clone()
     }
 }

@@ -5,9 +5,11 @@
 pub mod admin;
 pub mod health;
 pub mod incoming;
+pub mod mapper;
 pub mod metrics;
 pub mod reload;
 pub mod rls;
+pub mod stats;
 pub mod tls;
 pub mod xds;
 
@@ -27,7 +29,7 @@ use crate::limiter::Limiter;
 use crate::proto;
 pub use health::{Health, Readiness};
 pub use incoming::GrpcListener;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, MetricsOptions};
 pub use rls::{App, Origin};
 pub use tls::{ServerTls, TlsFiles};
 
@@ -176,6 +178,8 @@ pub struct ServeOptions {
     /// (and SERVING again at the next success). Unset, a sustained failure is logged loudly but
     /// health stays SERVING, since each limit answers its `failure_mode`.
     pub health_fail_after: Option<Duration>,
+    /// How the reference-named statistics are built (mapping, near-limit ratio, cardinality cap).
+    pub metrics: MetricsOptions,
 }
 
 impl ServeOptions {
@@ -196,6 +200,7 @@ impl ServeOptions {
             max_connection_age_grace: None,
             metrics_path: "/metrics".into(),
             require_config: false,
+            metrics: MetricsOptions::default(),
         }
     }
 }
@@ -271,9 +276,12 @@ pub async fn serve<B: Backend>(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
-    let mut metrics = Metrics::new();
+    let mut metrics = Metrics::with_options(options.metrics.clone());
     match &options.policies {
         Policies::Files(_) => {
+            // The files were loaded before serving started (or serving would not start).
+            let config = limiter.config();
+            metrics.observe_config_load(Ok(&config.content_hash()), std::time::SystemTime::now());
             let readiness = Readiness {
                 wait_for_first_policies: false,
                 require_domain: options.require_config,
@@ -326,8 +334,7 @@ pub async fn serve<B: Backend>(
     ))];
     match &options.policies {
         Policies::Files(source) => tasks.push(tokio::spawn(reload::watch(
-            Arc::clone(&limiter),
-            Arc::clone(&health),
+            Arc::clone(&app),
             source.clone(),
             options.load_options,
             reload::Watch {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Health;
+use super::App;
 use crate::backend::Backend;
 use crate::config::{FileSource, LoadOptions};
 use crate::limiter::Limiter;
@@ -29,12 +29,11 @@ pub struct Watch {
     pub allow_empty: bool,
 }
 
-/// Watches `source` forever, swapping a freshly loaded config into `limiter` when its files
-/// change and have settled (gathered as `options` say; and telling `health` how many domains it
-/// has).
+/// Watches `source` forever, swapping a freshly loaded config into the app's limiter when its
+/// files change and have settled (gathered as `options` say; telling health how many domains it
+/// has and the metrics how the load went: a refused empty config counts as a failed load).
 pub async fn watch<B: Backend>(
-    limiter: Arc<Limiter<B>>,
-    health: Arc<Health>,
+    app: Arc<App<B>>,
     source: FileSource,
     options: LoadOptions,
     watch: Watch,
@@ -53,8 +52,15 @@ pub async fn watch<B: Backend>(
             continue;
         }
         last_seen = settled(&source, current, watch.settle).await;
-        if reload(&limiter, &source, options, watch.allow_empty) {
-            health.policies_loaded(limiter.config().len()).await;
+        let loaded = reload(&app.limiter, &source, options, watch.allow_empty);
+        let config = app.limiter.config();
+        let hash = config.content_hash();
+        app.metrics.observe_config_load(
+            if loaded { Ok(&hash) } else { Err(()) },
+            std::time::SystemTime::now(),
+        );
+        if loaded {
+            app.health.policies_loaded(config.len()).await;
         }
     }
 }

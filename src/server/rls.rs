@@ -83,10 +83,14 @@ impl<B: Backend> proto::rate_limit_service_server::RateLimitService for RlsServi
         &self,
         request: GrpcRequest<RateLimitRequest>,
     ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
+        let started = Instant::now();
+        let result = self.app.decide(request.into_inner()).await;
+        // The reference's gRPC interceptor counts every call, refused ones included; `/json`
+        // does not pass through it.
         self.app
-            .decide(request.into_inner())
-            .await
-            .map(GrpcResponse::new)
+            .metrics
+            .observe_grpc("ShouldRateLimit", started.elapsed());
+        result.map(GrpcResponse::new)
     }
 }
 
@@ -133,7 +137,17 @@ impl<B: Backend> App<B> {
             None => None,
         };
         let started = Instant::now();
-        let result = decide(&self.limiter, request).await;
+        let request = request_from_proto(request);
+        let result = match self.limiter.should_rate_limit(&request).await {
+            Ok(decision) => {
+                self.metrics.observe_decision(&request.domain, &decision);
+                Ok(response_to_proto(decision))
+            }
+            Err(LimiterError::InvalidArgument(message)) => {
+                self.metrics.observe_service_error();
+                Err(GrpcStatus::invalid_argument(message))
+            }
+        };
         self.metrics
             .observe(result.as_ref().map_err(|_| ()), started.elapsed());
         result
@@ -141,7 +155,8 @@ impl<B: Backend> App<B> {
 }
 
 /// Decides one protobuf request; a bad request becomes `INVALID_ARGUMENT` with the reason.
-/// Records no metrics (that is [`App::decide`]'s part), so embedders and tests can call it alone.
+/// Records no metrics (that is [`App::decide`]'s part, which answers alike), so embedders and
+/// tests can call it alone.
 pub async fn decide<B: Backend>(
     limiter: &Limiter<B>,
     request: RateLimitRequest,

@@ -50,7 +50,9 @@ impl<B: Backend> Events for Feed<B> {
 
     async fn accepted(&self, update: Accepted) {
         let domains = update.config.len();
+        let hash = update.config.content_hash();
         self.app.limiter.set_config(Arc::new(update.config));
+        self.app.metrics.observe_config_load(Ok(&hash), update.at);
         self.app
             .metrics
             .observe_xds_update(&update.version, update.at);
@@ -65,6 +67,9 @@ impl<B: Backend> Events for Feed<B> {
 
     async fn rejected(&self, rejected: &Rejected) {
         self.app.metrics.observe_xds_nack();
+        self.app
+            .metrics
+            .observe_config_load(Err(()), std::time::SystemTime::now());
         // The line about the policies in force stays first; the refusal is said below it.
         let mut lines = self.app.origin.get();
         lines.truncate(1);

@@ -91,13 +91,9 @@ fn envoy_gateways_environment_resolves_under_the_ratelimit_entry() {
         settings.grpc.max_connection_age,
         Some(Duration::from_secs(86_400))
     );
-    assert!(
-        settings
-            .notices
-            .iter()
-            .any(|n| n.starts_with("PROMETHEUS_MAPPER_YAML")),
-        "{:?}",
-        settings.notices
+    assert_eq!(
+        settings.stats.mapper_yaml.as_deref(),
+        Some(std::path::Path::new("/etc/statsd-exporter/conf.yaml"))
     );
 }
 

@@ -33,7 +33,8 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, Reconnecting, backend_error, permission_error};
+use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
+use crate::backend::observe::{self, FailureKind};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
@@ -60,6 +61,7 @@ pub struct ClusterBackend {
     scripts: Scripts,
     keys: KeySpace,
     timeout: Duration,
+    /// Since when every call has failed, for health (logging is `observe`'s).
     failures: FailureLog,
 }
 
@@ -177,10 +179,16 @@ impl ClusterBackend {
             failures: FailureLog::default(),
         };
         let warm = async {
-            let conn = backend.connection().await.map_err(|err| (false, err))?;
+            let conn = backend
+                .connection()
+                .await
+                .map_err(|failure| (false, failure.error))?;
             check_permissions(conn, &backend.scripts, &backend.keys, &backend.user).await
         };
-        match tokio::time::timeout(connect_timeout, warm).await {
+        let started = std::time::Instant::now();
+        let warmed = tokio::time::timeout(connect_timeout, warm).await;
+        observe::call(NAME, "load_scripts", started.elapsed());
+        match warmed {
             Ok(Ok(())) => {}
             // A user who may not run the scripts fails every decision: say so now, not later.
             Ok(Err((true, err))) => return Err(err),
@@ -195,8 +203,9 @@ impl ClusterBackend {
     }
 
     /// The shared cluster connection, opened on first use. A new one checks first that the user
-    /// may run the scripts, and logs an error naming what is missing if not.
-    async fn connection(&self) -> Result<ClusterConnection, BackendError> {
+    /// may run the scripts, and reports a permission failure (kind `noperm`) naming what is
+    /// missing if not. Any failure to get it is a connection failure.
+    async fn connection(&self) -> Result<ClusterConnection, Failure> {
         let client = self.client.clone();
         let (scripts, keys, user) = (self.scripts.clone(), self.keys.clone(), self.user.clone());
         self.connection
@@ -208,46 +217,57 @@ impl ClusterBackend {
                 if let Err((true, err)) =
                     check_permissions(conn.clone(), &scripts, &keys, &user).await
                 {
-                    tracing::error!("redis cluster connection opened, but {err}");
+                    Failure::new(FailureKind::NoPerm, err).report(NAME);
                 }
                 Ok(conn)
             })
             .await
+            .map_err(|error| Failure::new(FailureKind::Connection, error))
     }
 
     /// Runs one script call within the deadline, resending it only when the node certainly did
-    /// not run it (see the module docs).
-    async fn call(&self, call: &Call<'_>) -> Result<Value, BackendError> {
+    /// not run it (see the module docs). Failures are counted and logged here (by kind);
+    /// `operation` names the call in the latency histogram.
+    async fn call(&self, call: &Call<'_>, operation: &'static str) -> Result<Value, BackendError> {
         let run = async {
             let conn = self.connection().await?;
             send_once(conn, call)
                 .await
-                .map_err(|err| backend_error(&err))
+                .map_err(|err| Failure::redis(&err))
         };
-        let result = tokio::time::timeout(self.timeout, run)
-            .await
-            .unwrap_or(Err(BackendError::Timeout(self.timeout)));
-        match &result {
-            Ok(_) => {
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, run).await;
+        observe::call(NAME, operation, started.elapsed());
+        let result = match outcome {
+            Ok(result) => result,
+            Err(_) => Err(Failure::new(
+                FailureKind::Timeout,
+                BackendError::Timeout(self.timeout),
+            )),
+        };
+        match result {
+            Ok(value) => {
                 self.failures_in_a_row.store(0, Ordering::Relaxed);
-                self.failures.success(NAME);
+                self.failures.success();
+                observe::success(NAME);
+                Ok(value)
             }
-            Err(err) => {
+            Err(failure) => {
                 if self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1
                     >= REBUILD_AFTER_FAILURES
                 {
                     self.failures_in_a_row.store(0, Ordering::Relaxed);
                     self.connection.clear();
                 }
-                self.failures.failure(NAME, err);
+                self.failures.failure(&failure.error);
+                Err(failure.report(NAME))
             }
         }
-        result
     }
 
     async fn decide(&self, hit: &Hit) -> Result<Outcome, BackendError> {
         let call = self.scripts.acquire(&self.keys, hit)?;
-        let reply = self.call(&call).await?;
+        let reply = self.call(&call, "acquire").await?;
         call.outcome(hit, reply)
     }
 }
@@ -424,7 +444,7 @@ impl Backend for ClusterBackend {
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        let results = join_all(calls.iter().map(|call| self.call(call))).await;
+        let results = join_all(calls.iter().map(|call| self.call(call, "release"))).await;
         results.into_iter().try_for_each(|result| result.map(drop))
     }
 
@@ -435,11 +455,20 @@ impl Backend for ClusterBackend {
                 .query_async::<Value>(&mut conn)
                 .await
                 .map(drop)
-                .map_err(|err| backend_error(&err))
+                .map_err(|err| Failure::redis(&err))
         };
-        tokio::time::timeout(self.timeout, ping)
-            .await
-            .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, ping).await;
+        observe::call(NAME, "ping", started.elapsed());
+        // A ping that answers ends no failure burst: PING works while scripts fail.
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(failure)) => Err(failure.report(NAME)),
+            Err(_) => Err(
+                Failure::new(FailureKind::Timeout, BackendError::Timeout(self.timeout))
+                    .report(NAME),
+            ),
+        }
     }
 
     fn failing_since(&self) -> Option<SustainedFailure> {

@@ -2,8 +2,9 @@
 //! decides and records atomically. [`RedisBackend`] talks to one server through a deadpool-redis
 //! pool; [`ClusterBackend`] talks to a Redis Cluster through the `redis` crate's cluster client.
 //! Both share the key layout ([`keys`]), the script calls (`scripts`) and, here, the plumbing
-//! around them: how `redis` errors map to [`BackendError`], failure logging once per burst, and
-//! the shared connection that is reopened on demand (`Reconnecting`).
+//! around them: how `redis` errors map to [`BackendError`] and to the kinds of failure
+//! operators see ([`failure_kind`]; counted and logged by [`super::observe`]), and the shared
+//! connection that is reopened on demand (`Reconnecting`).
 
 mod cluster;
 pub mod connect;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError};
 
+use super::observe::{self, FailureKind};
 use super::{BackendError, SustainedFailure};
 
 pub use cluster::ClusterBackend;
@@ -63,52 +65,121 @@ fn permission_error(err: &RedisError, user: &str) -> Option<BackendError> {
     )))
 }
 
-/// How often a continuing failure is reported again.
-const REPORT_EVERY: Duration = Duration::from_secs(5);
+/// A failed call: what the limiter is told, and which kind of failure operators see.
+#[derive(Debug, Clone)]
+struct Failure {
+    kind: FailureKind,
+    error: BackendError,
+}
 
-/// Logs backend failures once per burst: the first failure at once, then a summary with a count at
-/// most every [`REPORT_EVERY`], and one line when calls succeed again. Thousands of requests failing
-/// against a dead Redis thus cost a handful of log lines, not one each.
+impl Failure {
+    /// A failure of `kind` telling the limiter `error`.
+    fn new(kind: FailureKind, error: BackendError) -> Failure {
+        Failure { kind, error }
+    }
+
+    /// A failure the `redis` crate reported.
+    fn redis(err: &RedisError) -> Failure {
+        Failure::new(failure_kind(err), backend_error(err))
+    }
+
+    /// Counts and (rate-limited) logs the failure on `backend`, and hands its error on.
+    fn report(self, backend: &'static str) -> BackendError {
+        observe::failure(backend, self.kind, &self.error);
+        self.error
+    }
+}
+
+/// Tells `redis` errors apart by what an operator does about them: the one place that reads
+/// the crate's error kinds and the server's error codes.
+pub fn failure_kind(err: &RedisError) -> FailureKind {
+    use redis::ServerErrorKind as Server;
+    if err.is_timeout() {
+        return FailureKind::Timeout;
+    }
+    if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        return FailureKind::Connection;
+    }
+    match err.kind() {
+        ErrorKind::Server(Server::NoScript) => FailureKind::NoScript,
+        ErrorKind::Server(Server::NoPerm) => FailureKind::NoPerm,
+        ErrorKind::Server(Server::ClusterDown | Server::MasterDown) => FailureKind::ClusterDown,
+        ErrorKind::Server(Server::TryAgain) => FailureKind::TryAgain,
+        ErrorKind::Server(Server::Moved | Server::Ask) => FailureKind::Redirect,
+        ErrorKind::Server(Server::ReadOnly) => FailureKind::ReadOnly,
+        ErrorKind::Server(Server::BusyLoading) => FailureKind::Busy,
+        _ => match err.code() {
+            Some("OOM") => FailureKind::Oom,
+            Some("NOPERM") => FailureKind::NoPerm,
+            Some("BUSY") => FailureKind::Busy,
+            // A script that raised an error, or a command it ran that failed.
+            Some("ERR") if err.detail().is_some_and(is_script_error) => FailureKind::Script,
+            _ if err.detail().is_some_and(is_script_error) => FailureKind::Script,
+            _ => FailureKind::Other,
+        },
+    }
+}
+
+/// Whether a server error's text says it came out of a running script.
+fn is_script_error(detail: &str) -> bool {
+    detail.contains("user_script")
+        || detail.contains("script:")
+        || detail.contains("Error running script")
+}
+
+/// How often the latest error of a continuing failure is taken again (for health's reason).
+const REFRESH_EVERY: Duration = Duration::from_secs(5);
+
+/// Tracks one backend instance's run of failures for health (`--health-fail-after`): since when
+/// every call has failed, and the latest error. It logs nothing: failures are counted and logged
+/// (rate-limited, by kind) in [`super::observe`]. It is per instance, as the main store and the
+/// per-second store fail and recover apart even when both are Redis.
 #[derive(Debug, Default)]
 struct FailureLog {
     /// Set while calls fail; lets a success skip the lock.
     failing: AtomicBool,
-    reports: Mutex<Reports>,
+    run: Mutex<Option<Run>>,
 }
 
-#[derive(Debug, Default)]
-struct Reports {
-    last: Option<Instant>,
-    unreported: u64,
-    /// When the current run of failures began, and its latest error as last reported.
-    since: Option<(Instant, String)>,
+/// A run of failures: when it began, and its latest error as last taken.
+#[derive(Debug)]
+struct Run {
+    since: Instant,
+    error: String,
+    taken: Instant,
 }
 
 impl FailureLog {
     /// Records one failed backend call.
-    fn failure(&self, backend: &str, err: &BackendError) {
+    fn failure(&self, err: &BackendError) {
         self.failing.store(true, Ordering::Relaxed);
-        let Ok(mut reports) = self.reports.lock() else {
+        let Ok(mut run) = self.run.lock() else {
             return;
         };
-        reports.unreported += 1;
-        if reports.since.is_none() {
-            reports.since = Some((Instant::now(), err.to_string()));
-        }
-        if reports
-            .last
-            .is_none_or(|last| last.elapsed() >= REPORT_EVERY)
-        {
-            tracing::warn!(
-                backend,
-                failures = reports.unreported,
-                "backend call failed: {err}; each affected limit answers its failure_mode"
-            );
-            reports.last = Some(Instant::now());
-            reports.unreported = 0;
-            if let Some((_, latest)) = reports.since.as_mut() {
-                *latest = err.to_string();
+        let now = Instant::now();
+        match run.as_mut() {
+            None => {
+                *run = Some(Run {
+                    since: now,
+                    error: err.to_string(),
+                    taken: now,
+                })
             }
+            Some(run) if now.duration_since(run.taken) >= REFRESH_EVERY => {
+                run.error = err.to_string();
+                run.taken = now;
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Records one successful backend call: the run of failures, if any, is over.
+    fn success(&self) {
+        if !self.failing.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(mut run) = self.run.lock() {
+            *run = None;
         }
     }
 
@@ -117,30 +188,11 @@ impl FailureLog {
         if !self.failing.load(Ordering::Relaxed) {
             return None;
         }
-        let reports = self.reports.lock().ok()?;
-        reports
-            .since
-            .as_ref()
-            .map(|(since, error)| SustainedFailure {
-                since: *since,
-                error: error.clone(),
-            })
-    }
-
-    /// Records one successful backend call; reports the end of a failure burst.
-    fn success(&self, backend: &str) {
-        if !self.failing.swap(false, Ordering::Relaxed) {
-            return;
-        }
-        let Ok(mut reports) = self.reports.lock() else {
-            return;
-        };
-        tracing::info!(
-            backend,
-            unreported_failures = reports.unreported,
-            "backend answers again"
-        );
-        *reports = Reports::default();
+        let run = self.run.lock().ok()?;
+        run.as_ref().map(|run| SustainedFailure {
+            since: run.since,
+            error: run.error.clone(),
+        })
     }
 }
 

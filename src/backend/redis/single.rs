@@ -19,7 +19,8 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, Scripts};
-use super::{FailureLog, Reconnecting, backend_error};
+use super::{Failure, FailureLog, Reconnecting, backend_error};
+use crate::backend::observe::{self, FailureKind};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// Shared connections kept checked out of the pool, unless the target says otherwise.
@@ -41,6 +42,7 @@ pub struct RedisBackend {
     scripts: Scripts,
     keys: KeySpace,
     timeout: Duration,
+    /// Since when every call has failed, for health (logging is `observe`'s).
     failures: FailureLog,
     /// Replicas that must acknowledge a decision's writes before it counts (0: none).
     wait_replicas: u32,
@@ -155,12 +157,16 @@ impl RedisBackend {
     /// checks that the user may run them.
     async fn load_scripts(&self, within: Duration) -> Result<(), Checked> {
         let load = async {
-            let (_, mut conn) = self.connection().await.map_err(Checked::Failed)?;
+            let (_, mut conn) = self
+                .connection()
+                .await
+                .map_err(|failure| Checked::Failed(failure.error))?;
             check_permissions(&mut conn, &self.scripts, &self.keys, &self.user).await
         };
-        tokio::time::timeout(within, load)
-            .await
-            .unwrap_or(Err(Checked::Failed(BackendError::Timeout(within))))
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(within, load).await;
+        observe::call(NAME, "load_scripts", started.elapsed());
+        outcome.unwrap_or(Err(Checked::Failed(BackendError::Timeout(within))))
     }
 
     async fn decide(
@@ -184,7 +190,7 @@ impl RedisBackend {
         let mut replies = if calls.is_empty() {
             Ok(Vec::new().into_iter())
         } else {
-            self.run(&calls, true).await.map(Vec::into_iter)
+            self.run(&calls, true, "acquire").await.map(Vec::into_iter)
         };
         let mut calls = calls.into_iter();
         let mut refused = refused.into_iter().peekable();
@@ -199,7 +205,7 @@ impl RedisBackend {
                 match &mut replies {
                     Ok(replies) => match (call, replies.next()) {
                         (Some(call), Some(reply)) => call_result(reply)
-                            .map_err(|err| backend_error(&err))
+                            .map_err(|err| Failure::redis(&err).report(NAME))
                             .and_then(|value| call.outcome(hit, value)),
                         // `pipeline` answers exactly one reply per call.
                         _ => Err(BackendError::Protocol(
@@ -214,13 +220,19 @@ impl RedisBackend {
         results
     }
 
-    /// Counts a batch of answers for the failure log: any failed call (a script the server
-    /// refused, say out of memory, as much as a connection that broke) is a failure, so a server
-    /// that answers pings but runs no script does not pass for a healthy one.
+    /// Counts a batch of answers for the sustained-failure tracking (health): any failed call (a
+    /// script the server refused, say out of memory, as much as a connection that broke) is a
+    /// failure, so a server that answers pings but runs no script does not pass for a healthy
+    /// one. Only a batch without any failure ends a failure burst in the log too: a ping or one
+    /// hit that went through says nothing about the calls that keep failing. (Each failure was
+    /// counted and logged by kind where it happened.)
     fn record<T>(&self, results: &[Result<T, BackendError>]) {
         match results.iter().find_map(|result| result.as_ref().err()) {
-            Some(err) => self.failures.failure(NAME, err),
-            None if !results.is_empty() => self.failures.success(NAME),
+            Some(err) => self.failures.failure(err),
+            None if !results.is_empty() => {
+                self.failures.success();
+                observe::success(NAME);
+            }
             None => {}
         }
     }
@@ -228,10 +240,24 @@ impl RedisBackend {
     /// Runs `calls` within the deadline, answering one reply per call (see [`call_result`]).
     /// `durable`: the calls admit hits, so with `wait_replicas` their writes must reach the
     /// replicas before they count.
-    async fn run(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, BackendError> {
-        match tokio::time::timeout(self.timeout, self.pipeline(calls, durable)).await {
-            Ok(result) => result,
-            Err(_) => Err(BackendError::Timeout(self.timeout)),
+    /// Failures are counted and logged here (by kind); `operation` names the call in the latency
+    /// histogram.
+    async fn run(
+        &self,
+        calls: &[Call<'_>],
+        durable: bool,
+        operation: &'static str,
+    ) -> Result<Vec<Value>, BackendError> {
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls, durable)).await;
+        observe::call(NAME, operation, started.elapsed());
+        match outcome {
+            Ok(Ok(replies)) => Ok(replies),
+            Ok(Err(failure)) => Err(failure.report(NAME)),
+            Err(_) => Err(
+                Failure::new(FailureKind::Timeout, BackendError::Timeout(self.timeout))
+                    .report(NAME),
+            ),
         }
     }
 
@@ -250,11 +276,7 @@ impl RedisBackend {
 
     /// Sends `calls` in one round trip: one command alone, several as a pipeline (followed by a
     /// `WAIT` when the writes must be replicated).
-    async fn pipeline(
-        &self,
-        calls: &[Call<'_>],
-        durable: bool,
-    ) -> Result<Vec<Value>, BackendError> {
+    async fn pipeline(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, Failure> {
         let (lane, mut conn) = self.connection().await?;
         let timed = LaneGuard {
             lane: &self.lanes[lane],
@@ -280,18 +302,19 @@ impl RedisBackend {
             None => None,
         };
         if replies.len() != calls.len() {
-            return Err(BackendError::Protocol(format!(
-                "pipeline of {} calls answered {} replies",
-                calls.len(),
-                replies.len()
-            )));
+            return Err(Failure::new(
+                FailureKind::Other,
+                BackendError::Protocol(format!(
+                    "pipeline of {} calls answered {} replies",
+                    calls.len(),
+                    replies.len()
+                )),
+            ));
         }
         if replies.iter().any(is_read_only) {
             // The server turned replica (a failover): this connection can never write again.
             self.lanes[lane].discard();
-            return Err(BackendError::Unavailable(
-                "redis answered READONLY: the server is a replica now (failover)".into(),
-            ));
+            return Err(read_only());
         }
         // The server lost its script cache (restart, SCRIPT FLUSH): send those scripts along,
         // which caches them again. Calls that hit NOSCRIPT did not run, so resending is safe.
@@ -316,9 +339,7 @@ impl RedisBackend {
             }
             if again.iter().any(is_read_only) {
                 self.lanes[lane].discard();
-                return Err(BackendError::Unavailable(
-                    "redis answered READONLY: the server is a replica now (failover)".into(),
-                ));
+                return Err(read_only());
             }
             for (i, reply) in missing.into_iter().zip(again) {
                 replies[i] = reply;
@@ -328,19 +349,25 @@ impl RedisBackend {
             let replicas = match acknowledged {
                 Some(Value::Int(n)) => n,
                 other => {
-                    return Err(BackendError::Protocol(format!(
-                        "WAIT answered {other:?} instead of a replica count"
-                    )));
+                    return Err(Failure::new(
+                        FailureKind::Other,
+                        BackendError::Protocol(format!(
+                            "WAIT answered {other:?} instead of a replica count"
+                        )),
+                    ));
                 }
             };
             if replicas < i64::from(self.wait_replicas) {
                 // The hits were recorded on this server but may not survive a failover, so they
                 // are not counted as admitted: each limit answers its failure mode instead.
                 timed.answered();
-                return Err(BackendError::Unavailable(format!(
-                    "{replicas} of {} replicas acknowledged the decision in time",
-                    self.wait_replicas
-                )));
+                return Err(Failure::new(
+                    FailureKind::Other,
+                    BackendError::Unavailable(format!(
+                        "{replicas} of {} replicas acknowledged the decision in time",
+                        self.wait_replicas
+                    )),
+                ));
             }
         }
         timed.answered();
@@ -349,8 +376,9 @@ impl RedisBackend {
 
     /// A connection to send on: a lane's shared connection, refilled from the pool when empty.
     /// A refilled lane checks first that the user may still run the scripts (an ACL can change
-    /// while tollgate runs), and logs an error naming what is missing if not.
-    async fn connection(&self) -> Result<(usize, MultiplexedConnection), BackendError> {
+    /// while tollgate runs), and reports a permission failure (kind `noperm`) naming what is
+    /// missing if not. Any failure to get a connection is a connection failure.
+    async fn connection(&self) -> Result<(usize, MultiplexedConnection), Failure> {
         let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
         let pool = self.pool.clone();
         let (scripts, keys, user) = (self.scripts.clone(), self.keys.clone(), self.user.clone());
@@ -363,7 +391,7 @@ impl RedisBackend {
                         if let Err(Checked::Refused(err)) =
                             check_permissions(&mut conn, &scripts, &keys, &user).await
                         {
-                            tracing::error!("redis connection reopened, but {err}");
+                            Failure::new(FailureKind::NoPerm, err).report(NAME);
                         }
                         Ok(Arc::new(pooled))
                     }
@@ -373,12 +401,13 @@ impl RedisBackend {
                     ))),
                 }
             })
-            .await?;
+            .await
+            .map_err(|error| Failure::new(FailureKind::Connection, error))?;
         Ok((index, MultiplexedConnection::clone(&pooled)))
     }
 
     /// Classifies a failed round trip; a connection that broke leaves its lane.
-    fn broken(&self, lane: usize, err: &RedisError) -> BackendError {
+    fn broken(&self, lane: usize, err: &RedisError) -> Failure {
         if err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
@@ -387,7 +416,7 @@ impl RedisBackend {
         {
             self.lanes[lane].discard();
         }
-        backend_error(err)
+        Failure::redis(err)
     }
 }
 
@@ -445,6 +474,16 @@ async fn send(
         pipe.add_command(command);
     }
     conn.send_packed_commands(&pipe, 0, pipe.len()).await
+}
+
+/// The failure of a write refused by a server that is a replica now.
+fn read_only() -> Failure {
+    Failure::new(
+        FailureKind::ReadOnly,
+        BackendError::Unavailable(
+            "redis answered READONLY: the server is a replica now (failover)".into(),
+        ),
+    )
 }
 
 /// Whether a reply is the error a replica gives to writes.
@@ -509,10 +548,13 @@ impl Backend for RedisBackend {
             return Ok(());
         }
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        let results: Vec<Result<Value, BackendError>> = match self.run(&calls, false).await {
+        let results: Vec<Result<Value, BackendError>> = match self
+            .run(&calls, false, "release")
+            .await
+        {
             Ok(replies) => replies
                 .into_iter()
-                .map(|reply| call_result(reply).map_err(|err| backend_error(&err)))
+                .map(|reply| call_result(reply).map_err(|err| Failure::redis(&err).report(NAME)))
                 .collect(),
             Err(err) => vec![Err(err)],
         };
@@ -528,9 +570,19 @@ impl Backend for RedisBackend {
                 Err(err) => Err(self.broken(lane, &err)),
             }
         };
-        tokio::time::timeout(self.timeout, ping)
-            .await
-            .unwrap_or(Err(BackendError::Timeout(self.timeout)))
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, ping).await;
+        observe::call(NAME, "ping", started.elapsed());
+        // A ping that answers ends no failure burst: PING works while scripts fail (OOM,
+        // NOPERM), and the bursts are about the calls that decide.
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(failure)) => Err(failure.report(NAME)),
+            Err(_) => Err(
+                Failure::new(FailureKind::Timeout, BackendError::Timeout(self.timeout))
+                    .report(NAME),
+            ),
+        }
     }
 
     fn failing_since(&self) -> Option<SustainedFailure> {

@@ -1,0 +1,258 @@
+//! How the backends are doing: the latency of each call by backend and operation, and failures
+//! by kind, as Prometheus metrics; and failure logging that stays quiet under a flood (each kind
+//! at most once per [`LOG_EVERY`], with the count of what was not logged, and once on recovery).
+//!
+//! Backends record into one process-wide set, which the server's registry exposes: the backends
+//! stay free of the server's types, and every backend instance (the main store, the per-second
+//! store) lands in the same series, told apart by the `backend` label.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// How often one kind of failure is logged while it continues.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What went wrong with a backend call, as an operator tells failures apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FailureKind {
+    /// The call did not finish within the backend deadline.
+    Timeout,
+    /// The server could not be reached, or the connection broke.
+    Connection,
+    /// The server is out of memory (`maxmemory` reached with a no-eviction policy).
+    Oom,
+    /// The user lacks a permission (ACL) the scripts need.
+    NoPerm,
+    /// The server did not know a script and it could not be sent along.
+    NoScript,
+    /// A script failed while running.
+    Script,
+    /// The cluster is down (slots not covered).
+    ClusterDown,
+    /// The cluster asked to try again (a slot migrating, a failover).
+    TryAgain,
+    /// The cluster redirected the call (MOVED / ASK) more than the client follows.
+    Redirect,
+    /// The server is a replica now and refuses writes (a failover).
+    ReadOnly,
+    /// The server is loading its data set or otherwise busy.
+    Busy,
+    /// An answer tollgate cannot use, or anything else.
+    Other,
+}
+
+impl FailureKind {
+    /// The `kind` label and log field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Timeout => "timeout",
+            FailureKind::Connection => "connection",
+            FailureKind::Oom => "oom",
+            FailureKind::NoPerm => "noperm",
+            FailureKind::NoScript => "noscript",
+            FailureKind::Script => "script",
+            FailureKind::ClusterDown => "clusterdown",
+            FailureKind::TryAgain => "tryagain",
+            FailureKind::Redirect => "moved_ask",
+            FailureKind::ReadOnly => "readonly",
+            FailureKind::Busy => "busy",
+            FailureKind::Other => "other",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    backend: &'static str,
+    operation: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    backend: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabels {
+    shards_touched: &'static str,
+}
+
+#[derive(Debug)]
+struct Observer {
+    latency: Family<CallLabels, Histogram>,
+    errors: Family<ErrorLabels, Counter>,
+    shard_hits: Family<ShardLabels, Counter>,
+    log: Mutex<HashMap<(&'static str, FailureKind), Burst>>,
+    /// Set while some failure is going on; lets every success skip the lock.
+    failing: AtomicBool,
+}
+
+/// One kind of failure of one backend while it lasts.
+#[derive(Debug)]
+struct Burst {
+    last_logged: Instant,
+    suppressed: u64,
+    total: u64,
+}
+
+fn observer() -> &'static Observer {
+    static OBSERVER: OnceLock<Observer> = OnceLock::new();
+    OBSERVER.get_or_init(|| Observer {
+        latency: Family::new_with_constructor(|| {
+            // 100 µs .. ~3.3 s: a loopback Redis call up to a stalled one.
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
+        }),
+        errors: Family::default(),
+        shard_hits: Family::default(),
+        log: Mutex::new(HashMap::new()),
+        failing: AtomicBool::new(false),
+    })
+}
+
+/// Adds the backend metrics to `registry` (whose prefix the names get).
+pub fn register(registry: &mut Registry) {
+    let observer = observer();
+    registry.register(
+        "backend_call_duration_seconds",
+        "Time of one backend call, by backend (redis, redis-cluster) and operation (acquire, \
+         release, ping, load_scripts), failed calls included",
+        observer.latency.clone(),
+    );
+    registry.register(
+        "backend_errors",
+        "Failed backend calls by backend and kind (timeout, connection, oom, noperm, noscript, \
+         script, clusterdown, tryagain, moved_ask, readonly, busy, other)",
+        observer.errors.clone(),
+    );
+    registry.register(
+        "shard_hits",
+        "Hits on sharded limits by how many shards they touched: 1, or 2 when the first shard \
+         refused and another was tried",
+        observer.shard_hits.clone(),
+    );
+}
+
+/// Records `hits` hits on sharded limits, of which `retried` touched a second shard.
+pub fn shard_hits(hits: usize, retried: usize) {
+    let shard_hits = &observer().shard_hits;
+    let add = |shards_touched, n: usize| {
+        if n > 0 {
+            shard_hits
+                .get_or_create(&ShardLabels { shards_touched })
+                .inc_by(n as u64);
+        }
+    };
+    add("1", hits.saturating_sub(retried));
+    add("2", retried);
+}
+
+/// Records one backend call of `operation` on `backend` that took `elapsed`.
+pub fn call(backend: &'static str, operation: &'static str, elapsed: Duration) {
+    observer()
+        .latency
+        .get_or_create(&CallLabels { backend, operation })
+        .observe(elapsed.as_secs_f64());
+}
+
+/// Records a failure of `kind` on `backend`: counted always; logged when this kind starts
+/// failing and then at most once per [`LOG_EVERY`], with how many were not logged. `detail` must
+/// hold no credential (the redis crate's error texts do not carry the URL).
+pub fn failure(backend: &'static str, kind: FailureKind, detail: &dyn std::fmt::Display) {
+    let observer = observer();
+    observer
+        .errors
+        .get_or_create(&ErrorLabels {
+            backend,
+            kind: kind.as_str(),
+        })
+        .inc();
+    observer.failing.store(true, Ordering::Relaxed);
+    let Ok(mut log) = observer.log.lock() else {
+        return;
+    };
+    let now = Instant::now();
+    match log.get_mut(&(backend, kind)) {
+        None => {
+            log.insert(
+                (backend, kind),
+                Burst {
+                    last_logged: now,
+                    suppressed: 0,
+                    total: 1,
+                },
+            );
+            drop(log);
+            tracing::warn!(
+                backend,
+                kind = kind.as_str(),
+                "backend call failed: {detail}; each affected limit answers its failure_mode"
+            );
+        }
+        Some(burst) => {
+            burst.total += 1;
+            if now.duration_since(burst.last_logged) >= LOG_EVERY {
+                let suppressed = burst.suppressed;
+                burst.suppressed = 0;
+                burst.last_logged = now;
+                drop(log);
+                tracing::warn!(
+                    backend,
+                    kind = kind.as_str(),
+                    suppressed,
+                    "backend call still failing: {detail}; {suppressed} more failures of this \
+                     kind since the last report"
+                );
+            } else {
+                burst.suppressed += 1;
+            }
+        }
+    }
+}
+
+/// Records a successful call on `backend`: each kind of failure that was going on is reported
+/// over, once, with its count.
+pub fn success(backend: &'static str) {
+    let observer = observer();
+    if !observer.failing.load(Ordering::Relaxed) {
+        return;
+    }
+    let Ok(mut log) = observer.log.lock() else {
+        return;
+    };
+    if log.is_empty() {
+        observer.failing.store(false, Ordering::Relaxed);
+        return;
+    }
+    let mut recovered: Vec<(FailureKind, u64)> = Vec::new();
+    log.retain(|(b, kind), burst| {
+        if *b == backend {
+            recovered.push((*kind, burst.total));
+            false
+        } else {
+            true
+        }
+    });
+    if log.is_empty() {
+        observer.failing.store(false, Ordering::Relaxed);
+    }
+    drop(log);
+    recovered.sort();
+    for (kind, failures) in recovered {
+        tracing::info!(
+            backend,
+            kind = kind.as_str(),
+            failures,
+            "backend answers again after {failures} failures of kind {}",
+            kind.as_str()
+        );
+    }
+}
