@@ -399,11 +399,7 @@ impl Metrics {
 /// The `limit` label of a failure-mode answer: the limit's full key, which comes from the
 /// policies, except for a descriptor's own limit, whose key the request made.
 fn failure_label(domain: &str, report: &LimitReport) -> String {
-    if report.request_key.as_deref() == Some(report.limit.full_key.as_str())
-        && report.limit.name.is_none()
-        && !report.limit.detailed_metric
-        && !report.limit.value_to_metric
-    {
+    if report.overridden {
         format!("{domain}.(override)")
     } else {
         report.limit.full_key.clone()

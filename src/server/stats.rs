@@ -286,42 +286,46 @@ impl ReferenceStats {
     fn key_series(&self, domain: &str, report: &LimitReport) -> Arc<KeySeries> {
         let key = report.stat_key();
         if let Some(found) = read(&self.keys).get(key) {
-            if report.request_key.is_some() && found.stat_key.ends_with(OVERFLOW_KEY) {
-                self.overflowed.inc();
-            }
             return Arc::clone(found);
         }
         let from_request = report.request_key.is_some();
-        if from_request && self.request_keys() >= self.max_request_keys as u64 {
-            self.overflowed.inc();
-            if !self.overflow_logged.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    cap = self.max_request_keys,
-                    "metrics: more distinct detailed_metric / value_to_metric / override keys \
-                     than the cap; further ones are counted under the key `{OVERFLOW_KEY}` of \
-                     their domain (raise --metrics-max-request-keys to keep more)"
-                );
-            }
-            let overflow = format!("{domain}.{OVERFLOW_KEY}");
-            return self.insert(overflow.clone(), &overflow, false);
+        if let Some(series) = self.insert(key, from_request) {
+            return series;
         }
-        self.insert(key.to_string(), key, from_request)
+        self.overflowed.inc();
+        if !self.overflow_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                cap = self.max_request_keys,
+                "metrics: more distinct detailed_metric / value_to_metric / override keys than \
+                 the cap; further ones are counted under the key `{OVERFLOW_KEY}` of their \
+                 domain (raise --metrics-max-request-keys to keep more)"
+            );
+        }
+        let overflow = format!("{domain}.{OVERFLOW_KEY}");
+        // The overflow key counts once per domain, not against the cap.
+        self.insert(&overflow, false)
+            .unwrap_or_else(|| Arc::new(KeySeries::default()))
     }
 
-    fn insert(&self, key: String, stat_key: &str, from_request: bool) -> Arc<KeySeries> {
+    /// The series of `key`, made if new; `None` when a request-built key would pass the cap
+    /// (checked under the lock, so concurrent requests cannot overshoot it).
+    fn insert(&self, key: &str, from_request: bool) -> Option<Arc<KeySeries>> {
         let mut keys = write(&self.keys);
-        if let Some(found) = keys.get(&key) {
-            return Arc::clone(found);
+        if let Some(found) = keys.get(key) {
+            return Some(Arc::clone(found));
         }
         if from_request {
+            if self.request_keys() >= self.max_request_keys as u64 {
+                return None;
+            }
             self.request_keys.fetch_add(1, Ordering::Relaxed);
         }
         let series = Arc::new(KeySeries {
-            stat_key: sanitize_stat_key(stat_key),
+            stat_key: sanitize_stat_key(key),
             slots: Default::default(),
         });
-        keys.insert(key, Arc::clone(&series));
-        series
+        keys.insert(key.to_string(), Arc::clone(&series));
+        Some(series)
     }
 
     /// Adds `n` to the counter of a fixed statsd name (service statistics).
