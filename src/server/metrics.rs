@@ -355,13 +355,8 @@ impl Metrics {
 
     /// Records one unary gRPC call of `method` (e.g. `ShouldRateLimit`) that took `elapsed`: the
     /// reference's `total_requests` and `response_time` of its gRPC interceptor.
-    pub fn observe_grpc(&self, method: &str, elapsed: Duration) {
-        self.stats
-            .count(&format!("ratelimit_server.{method}.total_requests"), 1);
-        self.stats.observe_ms(
-            &format!("ratelimit_server.{method}.response_time"),
-            elapsed.as_secs_f64() * 1000.0,
-        );
+    pub fn observe_grpc(&self, method: &'static str, elapsed: Duration) {
+        self.stats.grpc_call(method, elapsed.as_secs_f64() * 1000.0);
     }
 
     /// Records a request refused before it could be decided (e.g. a body that is not JSON).

@@ -216,6 +216,15 @@ pub struct ReferenceStats {
     overflow_logged: AtomicBool,
     /// Handles of the fixed statsd names, made on first use.
     fixed: RwLock<HashMap<String, Option<Handle>>>,
+    /// The series of each gRPC method's calls (`total_requests`, `response_time` and its scale),
+    /// made on first use: looked up per call, so without formatting names.
+    grpc: RwLock<HashMap<&'static str, GrpcSeries>>,
+}
+
+#[derive(Debug, Clone)]
+struct GrpcSeries {
+    requests: Option<Handle>,
+    time: Option<(Histogram, f64)>,
 }
 
 impl ReferenceStats {
@@ -238,6 +247,7 @@ impl ReferenceStats {
             overflowed,
             overflow_logged: AtomicBool::new(false),
             fixed: RwLock::new(HashMap::new()),
+            grpc: RwLock::new(HashMap::new()),
         }
     }
 
@@ -346,16 +356,43 @@ impl ReferenceStats {
         write(&self.fixed).insert(statsd_name.to_string(), handle);
     }
 
-    /// Observes a timer of a fixed statsd name, in milliseconds as the reference sends them.
-    pub fn observe_ms(&self, statsd_name: &str, ms: f64) {
+    /// Records one unary call of gRPC `method` that took `ms` milliseconds: the reference's
+    /// `ratelimit_server.<method>.total_requests` and `.response_time` (sent in milliseconds, as
+    /// the reference sends them; the mapping's `scale` turns them into seconds).
+    pub fn grpc_call(&self, method: &'static str, ms: f64) {
+        let cached = read(&self.grpc).get(method).cloned();
+        let series = match cached {
+            Some(series) => series,
+            None => {
+                let series = GrpcSeries {
+                    requests: self.handle(
+                        &format!("ratelimit_server.{method}.total_requests"),
+                        StatKind::Counter,
+                    ),
+                    time: self.timer(&format!("ratelimit_server.{method}.response_time")),
+                };
+                write(&self.grpc).insert(method, series.clone());
+                series
+            }
+        };
+        if let Some(requests) = &series.requests {
+            requests.add(1);
+        }
+        if let Some((histogram, scale)) = &series.time {
+            histogram.observe(ms * scale);
+        }
+    }
+
+    /// The histogram a timer of `statsd_name` maps to, with the factor its values are scaled by.
+    fn timer(&self, statsd_name: &str) -> Option<(Histogram, f64)> {
         match self.mapper.map(statsd_name, StatKind::Observer) {
             Mapping::Series {
                 name,
                 labels,
                 scale,
-            } => self.store.histogram(&name, &labels).observe(ms * scale),
-            Mapping::Unmapped(name) => self.store.histogram(&name, &Vec::new()).observe(ms),
-            Mapping::Dropped => {}
+            } => Some((self.store.histogram(&name, &labels), scale)),
+            Mapping::Unmapped(name) => Some((self.store.histogram(&name, &Vec::new()), 1.0)),
+            Mapping::Dropped => None,
         }
     }
 
