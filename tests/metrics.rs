@@ -706,3 +706,58 @@ fn the_dashboard_and_alerts_query_served_series() {
     let missing: Vec<&String> = names.iter().filter(|n| !is_served(&metrics, n)).collect();
     assert!(missing.is_empty(), "not served: {missing:?}\n{metrics}");
 }
+
+/// `PROMETHEUS_MAPPER_YAML` maps the reference's statistics by the file's rules (here Envoy
+/// Gateway's form plus a rule of its own), and names once the keys it does not support.
+#[test]
+fn a_mapping_file_names_the_series_and_its_unsupported_keys() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = dir.path().join("conf.yaml");
+    std::fs::write(
+        &file,
+        "defaults:\n  ttl: 1m\nmappings:\n\
+         - match: \"ratelimit.service.rate_limit.*.*.total_hits\"\n  name: \"hits_by_key\"\n  labels:\n    d: \"$1\"\n    k: \"$2\"\n\
+         - match: \"ratelimit.service.rate_limit.*.*.*\"\n  action: drop\n  name: dropped\n\
+         - match: \"ratelimit_server.*.response_time\"\n  name: \"rls_time\"\n  timer_type: histogram\n  ttl: 5m\n  labels:\n    method: \"$1\"\n",
+    )
+    .expect("write the mapping");
+    let tollgate = Tollgate::builder()
+        .policy("another.yaml", POLICY)
+        .env("PROMETHEUS_MAPPER_YAML", &file.display().to_string())
+        .start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut client = rls::client(tollgate.grpc_addr()).await.expect("connect");
+        for _ in 0..2 {
+            client
+                .should_rate_limit(rls::request(DOMAIN, &[&[("key2", "m")]]))
+                .await
+                .expect("a decision");
+        }
+    });
+    let text = tollgate_metrics(&tollgate);
+    assert_eq!(
+        sample(&text, "hits_by_key", &[("d", "another"), ("k", "key2")]),
+        Some(2.0),
+        "{text}"
+    );
+    // Dropped by the file's rule; the default mapping's names are not used.
+    assert!(!text.contains("within_limit"), "{text}");
+    assert_eq!(
+        sample(&text, "rls_time_count", &[("method", "ShouldRateLimit")]),
+        Some(2.0),
+        "{text}"
+    );
+    let log = tollgate.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("PROMETHEUS_MAPPER_YAML"))
+        .unwrap_or_else(|| panic!("no line names the file:\n{log}"));
+    assert!(
+        warning.contains("WARN") && warning.contains("defaults.ttl, mappings[].ttl"),
+        "{warning}"
+    );
+}

@@ -106,6 +106,8 @@ pub struct LimitReport {
     /// (`detailed_metric`, `value_to_metric`, a descriptor's own `limit`); `None`: the limit's
     /// `full_key`. See [`LimitReport::stat_key`].
     pub request_key: Option<String>,
+    /// Whether the limit is the descriptor's own (Envoy's `limit` override), not the policies'.
+    pub overridden: bool,
     /// The units the hit asked for (0 for a check, which counts nothing).
     pub cost: u64,
     /// What the backend made of it.
@@ -229,6 +231,7 @@ enum Plan {
         hit: usize,
         counting: Counting,
         request_key: Option<String>,
+        overridden: bool,
     },
 }
 
@@ -380,6 +383,8 @@ impl<B: Backend> Limiter<B> {
                         hit: hits.len() - 1,
                         counting,
                         request_key: resolved.get_mut(index).and_then(|(_, _, key)| key.take()),
+                        // `resolve` takes a descriptor's own limit whenever it names a unit.
+                        overridden: descriptor.limit.is_some_and(|l| l.unit.is_some()),
                     }
                 }
             };
@@ -429,6 +434,7 @@ impl<B: Backend> Limiter<B> {
                     hit,
                     counting,
                     request_key,
+                    overridden,
                 } => {
                     let cost = match request.descriptors.get(descriptor) {
                         Some(d) => match cost_of(request, d) {
@@ -472,6 +478,7 @@ impl<B: Backend> Limiter<B> {
                         descriptor,
                         limit: Arc::clone(limit),
                         request_key: request_key.clone(),
+                        overridden: *overridden,
                         cost,
                         usage,
                     });

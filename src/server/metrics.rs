@@ -412,13 +412,8 @@ impl Metrics {
 
     /// Records one unary gRPC call of `method` (e.g. `ShouldRateLimit`) that took `elapsed`: the
     /// reference's `total_requests` and `response_time` of its gRPC interceptor.
-    pub fn observe_grpc(&self, method: &str, elapsed: Duration) {
-        self.stats
-            .count(&format!("ratelimit_server.{method}.total_requests"), 1);
-        self.stats.observe_ms(
-            &format!("ratelimit_server.{method}.response_time"),
-            elapsed.as_secs_f64() * 1000.0,
-        );
+    pub fn observe_grpc(&self, method: &'static str, elapsed: Duration) {
+        self.stats.grpc_call(method, elapsed.as_secs_f64() * 1000.0);
     }
 
     /// Records a request refused before it could be decided (e.g. a body that is not JSON).
@@ -456,11 +451,7 @@ impl Metrics {
 /// The `limit` label of a failure-mode answer: the limit's full key, which comes from the
 /// policies, except for a descriptor's own limit, whose key the request made.
 fn failure_label(domain: &str, report: &LimitReport) -> String {
-    if report.request_key.as_deref() == Some(report.limit.full_key.as_str())
-        && report.limit.name.is_none()
-        && !report.limit.detailed_metric
-        && !report.limit.value_to_metric
-    {
+    if report.overridden {
         format!("{domain}.(override)")
     } else {
         report.limit.full_key.clone()

@@ -216,6 +216,15 @@ pub struct ReferenceStats {
     overflow_logged: AtomicBool,
     /// Handles of the fixed statsd names, made on first use.
     fixed: RwLock<HashMap<String, Option<Handle>>>,
+    /// The series of each gRPC method's calls (`total_requests`, `response_time` and its scale),
+    /// made on first use: looked up per call, so without formatting names.
+    grpc: RwLock<HashMap<&'static str, GrpcSeries>>,
+}
+
+#[derive(Debug, Clone)]
+struct GrpcSeries {
+    requests: Option<Handle>,
+    time: Option<(Histogram, f64)>,
 }
 
 impl ReferenceStats {
@@ -238,6 +247,7 @@ impl ReferenceStats {
             overflowed,
             overflow_logged: AtomicBool::new(false),
             fixed: RwLock::new(HashMap::new()),
+            grpc: RwLock::new(HashMap::new()),
         }
     }
 
@@ -286,42 +296,46 @@ impl ReferenceStats {
     fn key_series(&self, domain: &str, report: &LimitReport) -> Arc<KeySeries> {
         let key = report.stat_key();
         if let Some(found) = read(&self.keys).get(key) {
-            if report.request_key.is_some() && found.stat_key.ends_with(OVERFLOW_KEY) {
-                self.overflowed.inc();
-            }
             return Arc::clone(found);
         }
         let from_request = report.request_key.is_some();
-        if from_request && self.request_keys() >= self.max_request_keys as u64 {
-            self.overflowed.inc();
-            if !self.overflow_logged.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    cap = self.max_request_keys,
-                    "metrics: more distinct detailed_metric / value_to_metric / override keys \
-                     than the cap; further ones are counted under the key `{OVERFLOW_KEY}` of \
-                     their domain (raise --metrics-max-request-keys to keep more)"
-                );
-            }
-            let overflow = format!("{domain}.{OVERFLOW_KEY}");
-            return self.insert(overflow.clone(), &overflow, false);
+        if let Some(series) = self.insert(key, from_request) {
+            return series;
         }
-        self.insert(key.to_string(), key, from_request)
+        self.overflowed.inc();
+        if !self.overflow_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                cap = self.max_request_keys,
+                "metrics: more distinct detailed_metric / value_to_metric / override keys than \
+                 the cap; further ones are counted under the key `{OVERFLOW_KEY}` of their \
+                 domain (raise --metrics-max-request-keys to keep more)"
+            );
+        }
+        let overflow = format!("{domain}.{OVERFLOW_KEY}");
+        // The overflow key counts once per domain, not against the cap.
+        self.insert(&overflow, false)
+            .unwrap_or_else(|| Arc::new(KeySeries::default()))
     }
 
-    fn insert(&self, key: String, stat_key: &str, from_request: bool) -> Arc<KeySeries> {
+    /// The series of `key`, made if new; `None` when a request-built key would pass the cap
+    /// (checked under the lock, so concurrent requests cannot overshoot it).
+    fn insert(&self, key: &str, from_request: bool) -> Option<Arc<KeySeries>> {
         let mut keys = write(&self.keys);
-        if let Some(found) = keys.get(&key) {
-            return Arc::clone(found);
+        if let Some(found) = keys.get(key) {
+            return Some(Arc::clone(found));
         }
         if from_request {
+            if self.request_keys() >= self.max_request_keys as u64 {
+                return None;
+            }
             self.request_keys.fetch_add(1, Ordering::Relaxed);
         }
         let series = Arc::new(KeySeries {
-            stat_key: sanitize_stat_key(stat_key),
+            stat_key: sanitize_stat_key(key),
             slots: Default::default(),
         });
-        keys.insert(key, Arc::clone(&series));
-        series
+        keys.insert(key.to_string(), Arc::clone(&series));
+        Some(series)
     }
 
     /// Adds `n` to the counter of a fixed statsd name (service statistics).
@@ -342,16 +356,43 @@ impl ReferenceStats {
         write(&self.fixed).insert(statsd_name.to_string(), handle);
     }
 
-    /// Observes a timer of a fixed statsd name, in milliseconds as the reference sends them.
-    pub fn observe_ms(&self, statsd_name: &str, ms: f64) {
+    /// Records one unary call of gRPC `method` that took `ms` milliseconds: the reference's
+    /// `ratelimit_server.<method>.total_requests` and `.response_time` (sent in milliseconds, as
+    /// the reference sends them; the mapping's `scale` turns them into seconds).
+    pub fn grpc_call(&self, method: &'static str, ms: f64) {
+        let cached = read(&self.grpc).get(method).cloned();
+        let series = match cached {
+            Some(series) => series,
+            None => {
+                let series = GrpcSeries {
+                    requests: self.handle(
+                        &format!("ratelimit_server.{method}.total_requests"),
+                        StatKind::Counter,
+                    ),
+                    time: self.timer(&format!("ratelimit_server.{method}.response_time")),
+                };
+                write(&self.grpc).insert(method, series.clone());
+                series
+            }
+        };
+        if let Some(requests) = &series.requests {
+            requests.add(1);
+        }
+        if let Some((histogram, scale)) = &series.time {
+            histogram.observe(ms * scale);
+        }
+    }
+
+    /// The histogram a timer of `statsd_name` maps to, with the factor its values are scaled by.
+    fn timer(&self, statsd_name: &str) -> Option<(Histogram, f64)> {
         match self.mapper.map(statsd_name, StatKind::Observer) {
             Mapping::Series {
                 name,
                 labels,
                 scale,
-            } => self.store.histogram(&name, &labels).observe(ms * scale),
-            Mapping::Unmapped(name) => self.store.histogram(&name, &Vec::new()).observe(ms),
-            Mapping::Dropped => {}
+            } => Some((self.store.histogram(&name, &labels), scale)),
+            Mapping::Unmapped(name) => Some((self.store.histogram(&name, &Vec::new()), 1.0)),
+            Mapping::Dropped => None,
         }
     }
 
