@@ -20,10 +20,11 @@
 //!   then the windows that expire soonest (an eighth of the shard at a time, so the cost is
 //!   amortized). A log that cannot grow because its shard holds nothing else to evict merges its
 //!   two oldest entries into one, stamped with the newer time. Evicted live windows are counted
-//!   ([`MemoryUsage::evictions`]). Dropping or merging live state can only make a limit count
-//!   *less* than it admitted (an evicted key starts again from zero; a merged entry leaves the
-//!   window later than its older half would have): the limit is then under-counted for that
-//!   window, never over-counted, and only while an attacker is keeping the budget full.
+//!   ([`MemoryUsage::evictions`]). Evicting a live window makes its limit count *less* than it
+//!   admitted (the key starts again from zero), so that window may admit up to its limit again,
+//!   and only while an attacker keeps the budget full. Merging errs the other way: the merged
+//!   entry leaves the window later than its older half would have, so the log counts that half
+//!   for longer and refuses a little early; it never admits more than the limit.
 //! - **Sweeping.** Expired windows are dropped as traffic flows (each shard sweeps itself after
 //!   as many operations as its last sweep kept windows, so the cost is amortized O(1) per hit),
 //!   and on a timer ([`Backend::maintain`], about once a second), so memory comes back while the
