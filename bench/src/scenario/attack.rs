@@ -21,8 +21,8 @@ use crate::doc::{
 };
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, conditions_of, micros_per, policy, records_of,
-    say, uniform_shape,
+    Algorithm, Bench, Phase, Scenario, ScenarioName, conditions_of, distinct, micros_per, policy,
+    records_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -181,12 +181,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let Some(first) = runs.first() else {
         bail!("the attack results hold no run");
     };
-    let mut backends: Vec<Backend> = Vec::new();
-    for run in &runs {
-        if !backends.contains(&run.backend) {
-            backends.push(run.backend);
-        }
-    }
+    let backends = distinct(runs.iter().map(|run| run.backend));
     let of = |backend: Backend| -> Vec<&AttackRun> {
         runs.iter().filter(|r| r.backend == backend).collect()
     };

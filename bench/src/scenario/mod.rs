@@ -335,6 +335,18 @@ pub fn read_records(dir: &Path, scenario: ScenarioName) -> anyhow::Result<Vec<Va
         .collect()
 }
 
+/// The distinct values of `values`, in the order they first appear: the rows or columns of a
+/// report, in the order the scenario ran them.
+pub fn distinct<T: PartialEq>(values: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut seen: Vec<T> = Vec::new();
+    for value in values {
+        if !seen.contains(&value) {
+            seen.push(value);
+        }
+    }
+    seen
+}
+
 /// The records of `kind` among `records`, as `T`.
 pub fn records_of<T: DeserializeOwned>(records: &[Value], kind: &str) -> anyhow::Result<Vec<T>> {
     records

@@ -22,8 +22,8 @@ use serde_json::Value;
 use crate::doc::{Align, Table, count, measured, median, ms};
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
-    records_of, say, uniform_shape,
+    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
+    policy, records_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -195,12 +195,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let Some(first) = runs.first() else {
         bail!("the overload results hold no run");
     };
-    let mut bounds: Vec<usize> = Vec::new();
-    for run in &runs {
-        if !bounds.contains(&run.bound) {
-            bounds.push(run.bound);
-        }
-    }
+    let bounds = distinct(runs.iter().map(|run| run.bound));
     let mut out = String::new();
     let _ = writeln!(out, "### Twice the saturation rate\n");
     let _ = writeln!(
