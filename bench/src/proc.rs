@@ -35,6 +35,92 @@ pub fn load_average() -> [f64; 3] {
     [(); 3].map(|()| fields.next().unwrap_or(0.0))
 }
 
+/// The CPUs this machine has online, by index.
+pub fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// Restricts every thread of process `pid` (0: this process) to `cpus`; threads it starts later
+/// inherit the set from the thread that starts them.
+pub fn pin(pid: u32, cpus: std::ops::Range<usize>) -> anyhow::Result<()> {
+    let pid = if pid == 0 { std::process::id() } else { pid };
+    // SAFETY: an all-zero cpu_set_t is the empty set, which CPU_SET then fills.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in cpus.clone() {
+        // SAFETY: CPU_SET writes the bit for `cpu` inside `set`; indexes past the set's size
+        // are ignored by the libc implementation.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    let tasks = format!("/proc/{pid}/task");
+    for entry in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let tid: libc::pid_t = entry?
+            .file_name()
+            .to_string_lossy()
+            .parse()
+            .context("a task id is not a number")?;
+        // SAFETY: `set` is a valid cpu_set_t of the size passed; the kernel only reads it.
+        let status =
+            unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        // A thread that ended since the directory was read is no error.
+        if status != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("pinning thread {tid} of {pid} to CPUs {cpus:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Holds processes to a share of one CPU by stopping and resuming them in a short cycle
+/// (`SIGSTOP`, `SIGCONT`), the way a saturated or CPU-starved server behaves: it answers in
+/// bursts, and at most `share` of the rate it could answer alone. Dropping it resumes them.
+#[derive(Debug)]
+pub struct Throttle {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cycler: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Throttle {
+    /// Runs `pids` for `share` (0 < share < 1) of every `period`.
+    pub fn start(pids: Vec<u32>, share: f64, period: std::time::Duration) -> Throttle {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let running = period.mul_f64(share.clamp(0.0, 1.0));
+        let stopped = period.saturating_sub(running);
+        let signal = move |pids: &[u32], signal: libc::c_int| {
+            for &pid in pids {
+                // SAFETY: kill only sends a signal; a pid that has exited is reported, not
+                // touched.
+                unsafe { libc::kill(pid as libc::pid_t, signal) };
+            }
+        };
+        let cycler = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(running);
+                    signal(&pids, libc::SIGSTOP);
+                    std::thread::sleep(stopped);
+                    signal(&pids, libc::SIGCONT);
+                }
+            })
+        };
+        Throttle {
+            stop,
+            cycler: Some(cycler),
+        }
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // The cycler always ends a cycle with SIGCONT, so the processes run on afterwards.
+        if let Some(cycler) = self.cycler.take() {
+            let _ = cycler.join();
+        }
+    }
+}
+
 fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf only reads a configuration value.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

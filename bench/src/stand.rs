@@ -303,6 +303,54 @@ impl<'a> Stand<'a> {
     pub fn redis_cpu_seconds(&self) -> anyhow::Result<f64> {
         Ok(self.nodes.cpu_seconds()?.values().sum())
     }
+
+    /// Gives the load generator CPUs of its own: tollgate and every Redis process behind it
+    /// run on CPU 0, this process (the generator) on the others, until the guard is dropped.
+    /// `None` on a machine with one CPU. Sharing cores, a generator sending more than the
+    /// server can answer competes with it for the same CPU, and its own backlog then shows as
+    /// latency of the server's answers.
+    pub fn split_cpus(&self) -> anyhow::Result<Option<CpuSplit>> {
+        let cpus = crate::proc::online_cpus();
+        if cpus < 2 {
+            return Ok(None);
+        }
+        let Some(pid) = self.tollgate.pid() else {
+            bail!("tollgate is not running:\n{}", self.tollgate.log());
+        };
+        crate::proc::pin(pid, 0..1)?;
+        for node in &self.nodes.all {
+            if let Some(pid) = node.pid() {
+                crate::proc::pin(pid, 0..1)?;
+            }
+        }
+        crate::proc::pin(0, 1..cpus)?;
+        Ok(Some(CpuSplit { cpus }))
+    }
+}
+
+impl Nodes<'_> {
+    /// Holds every Redis process to `share` of a CPU ([`crate::proc::Throttle`]) until the
+    /// guard is dropped: a slow backend, which a server can only answer by queueing or
+    /// refusing.
+    pub fn throttle(&self, share: f64) -> crate::proc::Throttle {
+        let pids = self.all.iter().filter_map(|node| node.pid()).collect();
+        crate::proc::Throttle::start(pids, share, std::time::Duration::from_millis(5))
+    }
+}
+
+/// While alive, the generator runs apart from the server under test ([`Stand::split_cpus`]);
+/// dropping it gives this process every CPU back.
+#[derive(Debug)]
+pub struct CpuSplit {
+    cpus: usize,
+}
+
+impl Drop for CpuSplit {
+    fn drop(&mut self) {
+        if let Err(error) = crate::proc::pin(0, 0..self.cpus) {
+            eprintln!("tollgate-bench: giving the generator every CPU back: {error:#}");
+        }
+    }
 }
 
 #[cfg(test)]

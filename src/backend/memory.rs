@@ -65,6 +65,12 @@ const SHARD_HASH_SHIFT: u32 = 40;
 /// A shard sweeps after at least this many operations, so small shards are not swept on every hit.
 const MIN_OPS_BETWEEN_SWEEPS: usize = 64;
 
+/// A timer sweep that frees at least this much asks the allocator to give its free pages back.
+/// Many small windows freed one by one leave holes all over the heap, which the allocator keeps
+/// for reuse; after a flood of keys has expired, an idle process would otherwise stay at its
+/// peak resident size.
+const RETURN_TO_SYSTEM_BYTES: usize = 1 << 20;
+
 /// The budget when none is given: enough for about two and a half million counter keys, small
 /// beside what a rate limiter's host usually has, and far below what a key flood would take
 /// without one.
@@ -167,11 +173,14 @@ impl MemoryBackend {
         }
     }
 
-    fn sweep_shard(&self, index: usize) {
+    /// Sweeps one shard and answers how many bytes of the budget it gave up.
+    fn sweep_shard(&self, index: usize) -> usize {
         let now = self.clock.now_ms();
         let mut shard = self.lock(index);
         let now = shard.advance_clock(now);
+        let before = shard.held();
         shard.sweep(now);
+        before.saturating_sub(shard.held())
     }
 
     /// The identity of a window: its two keyed hashes, and the index of its shard.
@@ -281,9 +290,13 @@ impl Backend for MemoryBackend {
     /// Sweeps every shard, one lock at a time, yielding between shards so that requests on the
     /// same worker are not held up by a whole pass.
     async fn maintain(&self) {
+        let mut freed = 0;
         for index in 0..self.shards.len() {
-            self.sweep_shard(index);
+            freed += self.sweep_shard(index);
             tokio::task::yield_now().await;
+        }
+        if freed >= RETURN_TO_SYSTEM_BYTES {
+            release_free_memory();
         }
     }
 
@@ -825,6 +838,18 @@ impl Shard {
                 self.log_bytes = self.log_bytes.saturating_sub(log.heap_bytes());
             }
         }
+    }
+}
+
+/// Returns the allocator's free pages to the operating system. glibc keeps freed small blocks in
+/// its arenas (it trims only the top of the heap on its own); `malloc_trim` also releases the
+/// whole free pages inside them. Other allocators return memory on their own.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes no pointer and is
+    // safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

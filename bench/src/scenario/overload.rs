@@ -51,6 +51,11 @@ pub struct OverloadOptions {
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub slots: u32,
 
+    /// The share of a CPU Redis may use (stopped and resumed in 5 ms cycles), so that the
+    /// backend, not the cores the generator shares, is what saturates; 1 runs it freely.
+    #[arg(long, default_value_t = 0.2)]
+    pub redis_share: f64,
+
     /// HTTP/2 connections of the load generator.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub connections: u32,
@@ -83,6 +88,9 @@ pub struct OverloadRun {
     pub target_rate: f64,
     /// What the load generator saw during the overload.
     pub load: Summary,
+    /// The share of a CPU Redis was held to (1: unthrottled).
+    #[serde(default = "unthrottled")]
+    pub redis_share: f64,
     /// tollgate's resident memory before the overload phase.
     pub rss_before: u64,
     /// tollgate's resident memory after it.
@@ -100,6 +108,10 @@ impl OverloadRun {
 }
 
 const KEY: &str = "user";
+
+fn unthrottled() -> f64 {
+    1.0
+}
 
 impl Scenario for Overload {
     fn name(&self) -> ScenarioName {
@@ -120,10 +132,15 @@ impl Scenario for Overload {
                 bound.to_string(),
             ];
             let stand = Stand::start_with(&bench.servers, backend, &policy, "deny", &extra)?;
+            // The generator must be able to send twice what the server answers; on shared
+            // cores it would fall behind, and its own backlog would show as tollgate's latency.
+            let _split = stand.split_cpus()?;
             let connections = bench
                 .loader
                 .connect(&[stand.grpc_addr()], options.connections)?;
             stand.nodes.flush();
+            let _slow = (options.redis_share < 1.0 && backend != Backend::Memory)
+                .then(|| stand.nodes.throttle(options.redis_share));
             for run in 1..=bench.scale.runs {
                 let closed = |duration| Phase {
                     shape: Arc::clone(&shape),
@@ -162,6 +179,11 @@ impl Scenario for Overload {
                     run,
                     saturation: peak.decisions_per_second,
                     target_rate,
+                    redis_share: if backend == Backend::Memory {
+                        1.0
+                    } else {
+                        options.redis_share.min(1.0)
+                    },
                     load,
                     rss_before,
                     rss_after,
@@ -202,17 +224,24 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         out,
         "{} Backend {}, `--backend-timeout 50ms`, one descriptor with values drawn uniformly from \
          10,000 keys, under a limit no load reaches (`--failure-mode deny`, so a decision that \
-         missed its deadline shows as *late*). Per run: the saturation rate closed loop, then \
-         {}× that rate open loop with up to many calls in flight. *Refused*: calls answered at \
+         missed its deadline shows as *late*). Redis is held to {:.0}% of a CPU (stopped and \
+         resumed in 5 ms cycles), a slow backend: what saturates is the backend, the case where \
+         decisions queue inside tollgate. tollgate and Redis share CPU 0; the load \
+         generator runs on the other CPUs, so that it can send more than they answer. Per run: \
+         the saturation rate closed loop, then {}× that rate open loop (*asked*) with up to \
+         many calls in flight; *sent* falls short of it when the generator itself cannot keep \
+         up, and latency counts from each call's scheduled time. *Refused*: calls answered at \
          once with `RESOURCE_EXHAUSTED` past the bound; latency is of the answered decisions; \
          RSS is tollgate's resident memory before and after the overload phase (medians).\n",
         measured(&conditions),
         first.backend,
+        first.redis_share * 100.0,
         first.target_rate / first.saturation.max(1.0),
     );
     let mut table = Table::new(&[
         ("--max-in-flight", Align::Left),
         ("saturation/s", Align::Right),
+        ("asked/s", Align::Right),
         ("sent/s", Align::Right),
         ("decided/s", Align::Right),
         ("refused/s", Align::Right),
@@ -234,6 +263,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
                 bound.to_string()
             },
             count(median(runs.iter().map(|r| r.saturation))),
+            count(median(runs.iter().map(|r| r.target_rate))),
             count(median(runs.iter().map(|r| r.load.requests_per_second))),
             count(median(runs.iter().map(|r| r.load.decisions_per_second))),
             count(median(runs.iter().map(|r| {
