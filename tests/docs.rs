@@ -470,6 +470,7 @@ fn run_document(doc: &str) {
 /// The documents with a test below; `every_document_is_run` keeps this list whole.
 const DOCUMENTS: &[&str] = &[
     "README.md",
+    "docs/algorithms.md",
     "docs/configuration.md",
     "docs/envoy-gateway.md",
     "docs/performance.md",
@@ -478,6 +479,11 @@ const DOCUMENTS: &[&str] = &[
 #[test]
 fn readme() {
     run_document("README.md");
+}
+
+#[test]
+fn algorithms() {
+    run_document("docs/algorithms.md");
 }
 
 #[test]

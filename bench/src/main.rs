@@ -1,10 +1,10 @@
 //! `tollgate-bench`: tollgate's one benchmark tool.
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
-//! `hotkey`, `attack`, `overload`, `memory`) start what they need (tollgate as a process, Redis and a Redis Cluster
-//! through the testkit, redis-benchmark for the ceilings), measure, keep every run as a JSON
-//! line in `target/bench/`, and print their report section; `report` runs several of them and
-//! writes `docs/performance.md`. See `tollgate-bench --help`.
+//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`) start what they need (tollgate as a
+//! process, Redis and a Redis Cluster through the testkit, redis-benchmark for the ceilings),
+//! measure, keep every run as a JSON line in `target/bench/`, and print their report section;
+//! `report` runs several of them and writes `docs/performance.md`. See `tollgate-bench --help`.
 
 mod ceiling;
 mod doc;
@@ -21,11 +21,13 @@ use clap::{Parser, Subcommand};
 
 use crate::load::args::LoadArgs;
 use crate::report::ReportArgs;
+use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
 use crate::scenario::overload::{Overload, OverloadOptions};
+use crate::scenario::redis_cpu::{RedisCpu, RedisCpuOptions};
 use crate::scenario::{Bench, ScaleArgs, Scenario};
 
 /// tollgate's benchmarks: a load generator for any RLS v3 server, and scenarios that start
@@ -94,6 +96,24 @@ enum Command {
         options: MemoryOptions,
     },
 
+    /// How far each algorithm's admissions are from the exact limit on simulated traffic, and
+    /// what a hit costs in memory.
+    Accuracy {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: AccuracyOptions,
+    },
+
+    /// Redis CPU per decision for each algorithm, backend, shard count and traffic mix, beside
+    /// a minimal script and envoyproxy/ratelimit's commands on the same server.
+    RedisCpu {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: RedisCpuOptions,
+    },
+
     /// Run scenarios and write their results into docs/performance.md.
     Report(ReportArgs),
 }
@@ -117,6 +137,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Attack { scale, options } => run_one(&scale, &Attack::new(options)),
         Command::Overload { scale, options } => run_one(&scale, &Overload::new(options)),
         Command::Memory { scale, options } => run_one(&scale, &Memory::new(options)),
+        Command::Accuracy { scale, options } => run_one(&scale, &Accuracy::new(options)),
+        Command::RedisCpu { scale, options } => run_one(&scale, &RedisCpu::new(options)),
         Command::Report(args) => report::run(&args),
     }
 }

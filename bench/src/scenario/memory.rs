@@ -11,8 +11,8 @@
 //!   windows take to expire and the timer to sweep them, and the same readings again.
 //!
 //! The accounting is what the budget bounds; the resident memory also holds the allocator's
-//! free lists, the runtime and the connections, and whether freed pages go back to the system is
-//! the allocator's choice.
+//! free lists, the runtime and the connections; after a timer sweep that freed much, tollgate
+//! asks the allocator to give its free pages back.
 
 use std::fmt::Write as _;
 use std::sync::Arc;

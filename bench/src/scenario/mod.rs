@@ -11,11 +11,13 @@
 //! records, so a report can be written again from `target/bench/*.jsonl` without measuring
 //! (`report --render-only`).
 
+pub mod accuracy;
 pub mod attack;
 pub mod hotkey;
 pub mod matrix;
 pub mod memory;
 pub mod overload;
+pub mod redis_cpu;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -52,16 +54,22 @@ pub enum ScenarioName {
     Overload,
     /// A flood of distinct keys on the memory backend: bytes per key, the budget, idle memory.
     Memory,
+    /// Each algorithm's admissions against the exact limit, and memory per hit.
+    Accuracy,
+    /// Redis CPU per decision, beside a minimal script and the reference's commands.
+    RedisCpu,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 5] = [
+    pub const ALL: [ScenarioName; 7] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
         ScenarioName::Overload,
         ScenarioName::Memory,
+        ScenarioName::Accuracy,
+        ScenarioName::RedisCpu,
     ];
 
     /// The name in records, file names and report markers.
@@ -72,6 +80,8 @@ impl ScenarioName {
             ScenarioName::Attack => "attack",
             ScenarioName::Overload => "overload",
             ScenarioName::Memory => "memory",
+            ScenarioName::Accuracy => "accuracy",
+            ScenarioName::RedisCpu => "redis-cpu",
         }
     }
 }
@@ -84,6 +94,8 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Attack => Box::new(attack::Attack::new(defaults())),
         ScenarioName::Overload => Box::new(overload::Overload::new(defaults())),
         ScenarioName::Memory => Box::new(memory::Memory::new(defaults())),
+        ScenarioName::Accuracy => Box::new(accuracy::Accuracy::new(defaults())),
+        ScenarioName::RedisCpu => Box::new(redis_cpu::RedisCpu::new(defaults())),
     }
 }
 

@@ -1,0 +1,418 @@
+//! `redis-cpu`: what one decision costs Redis, per algorithm × backend × shards and traffic mix,
+//! beside two floors measured on the same server in the same run.
+//!
+//! Redis CPU is read from `INFO commandstats` (reset before each run): the microseconds Redis
+//! spent in `evalsha` and `eval`, which include every command a script runs inside, over the
+//! calls and over the decisions tollgate made. Two traffic mixes per point: *admitted* (10,000
+//! keys under a limit no load reaches) and *refused* (one key whose limit the warmup spends, so
+//! nearly every measured hit is refused); the admitted share of each run is measured, not
+//! assumed.
+//!
+//! The floors, on the single server with redis-benchmark (one call in flight per connection):
+//! a minimal script (`TIME`, `HINCRBY`, `PEXPIRE`: the least a script that counts in a window
+//! and keeps a TTL does), and the commands envoyproxy/ratelimit sends per decision (`INCRBY`
+//! and `EXPIRE`, no script), whose microseconds per decision are the sum of the two.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ceiling::redis_benchmark_bin;
+use crate::doc::{Align, Table, count, fixed, measured, median, percent};
+use crate::load::summary::Summary;
+use crate::scenario::{
+    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
+    records_of, say, uniform_shape,
+};
+use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats};
+
+/// The minimal script of the floor: count one unit in a window's field and keep a TTL.
+const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
+     redis.call('HINCRBY', KEYS[1], math.floor(tonumber(now[1]) / 60), 1) \
+     redis.call('PEXPIRE', KEYS[1], 120000) return 1";
+
+/// The options of `redis-cpu`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RedisCpuOptions {
+    /// Backends to measure, comma-separated.
+    #[arg(long = "backends", value_enum, value_delimiter = ',', default_values_t = [Backend::Redis, Backend::RedisCluster])]
+    pub backends: Vec<Backend>,
+
+    /// Shard counts, comma-separated.
+    #[arg(long = "shards", value_delimiter = ',', default_values_t = [1u16, 8])]
+    pub shards: Vec<u16>,
+
+    /// Calls in flight (tollgate's generator and redis-benchmark alike).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+
+    /// HTTP/2 connections of the load generator.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+}
+
+/// The `redis-cpu` scenario.
+pub struct RedisCpu {
+    options: RedisCpuOptions,
+}
+
+impl RedisCpu {
+    /// The scenario with `options`.
+    pub fn new(options: RedisCpuOptions) -> RedisCpu {
+        RedisCpu { options }
+    }
+}
+
+/// The traffic of a point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mix {
+    /// Every hit admitted.
+    Admitted,
+    /// One key over its limit: nearly every hit refused.
+    Refused,
+}
+
+impl Mix {
+    fn name(self) -> &'static str {
+        match self {
+            Mix::Admitted => "admitted",
+            Mix::Refused => "refused",
+        }
+    }
+}
+
+/// One measured run of tollgate.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RedisCpuRun {
+    /// Where the counters live.
+    pub backend: Backend,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Shards of the limit.
+    pub shards: u16,
+    /// The traffic.
+    pub mix: Mix,
+    /// Run number, from 1.
+    pub run: u32,
+    /// What the load generator saw.
+    pub load: Summary,
+    /// Script calls (`evalsha` + `eval`) over every master.
+    pub script_calls: u64,
+    /// Microseconds of Redis CPU in those calls.
+    pub script_usec: u64,
+}
+
+impl RedisCpuRun {
+    fn admitted_share(&self) -> Option<f64> {
+        let decided = self.load.ok + self.load.over_limit;
+        (decided > 0).then(|| self.load.ok as f64 / decided as f64)
+    }
+
+    fn usec_per_call(&self) -> Option<f64> {
+        (self.script_calls > 0).then(|| self.script_usec as f64 / self.script_calls as f64)
+    }
+
+    fn calls_per_decision(&self) -> Option<f64> {
+        (self.load.decisions > 0).then(|| self.script_calls as f64 / self.load.decisions as f64)
+    }
+
+    fn usec_per_decision(&self) -> Option<f64> {
+        (self.load.decisions > 0).then(|| self.script_usec as f64 / self.load.decisions as f64)
+    }
+}
+
+/// One measured floor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Floor {
+    /// What was sent.
+    pub name: String,
+    /// Run number, from 1.
+    pub run: u32,
+    /// Microseconds of Redis CPU per decision it stands for.
+    pub usec_per_decision: f64,
+}
+
+/// Sums `evalsha` and `eval` of every master.
+fn script_totals(nodes: &Nodes<'_>) -> anyhow::Result<CommandStat> {
+    let mut total = CommandStat::default();
+    for master in nodes.masters() {
+        let stats = command_stats(master)?;
+        for name in ["evalsha", "eval"] {
+            if let Some(stat) = stats.get(name) {
+                total.calls += stat.calls;
+                total.usec += stat.usec;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Runs redis-benchmark with `command` against the single server and answers its
+/// commandstats after.
+fn benchmark(
+    nodes: &Nodes<'_>,
+    concurrency: u32,
+    requests: u64,
+    command: &[&str],
+) -> anyhow::Result<BTreeMap<String, CommandStat>> {
+    let server = nodes.masters().first().context("no Redis server")?;
+    server.reset_stats();
+    let output = Command::new(redis_benchmark_bin()?)
+        .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
+        .args(["-c", &concurrency.to_string(), "-n", &requests.to_string()])
+        .args(["-r", "10000", "-q"])
+        .args(command)
+        .output()
+        .context("cannot run redis-benchmark")?;
+    if !output.status.success() {
+        bail!(
+            "redis-benchmark {command:?} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    command_stats(server)
+}
+
+fn usec_per_call(stats: &BTreeMap<String, CommandStat>, name: &str) -> anyhow::Result<f64> {
+    let stat = stats
+        .get(name)
+        .filter(|stat| stat.calls > 0)
+        .with_context(|| format!("redis-benchmark ran no `{name}`"))?;
+    Ok(stat.usec as f64 / stat.calls as f64)
+}
+
+/// The floors, measured `runs` times each with `requests` calls a run.
+fn floors(
+    nodes: &Nodes<'_>,
+    concurrency: u32,
+    runs: u32,
+    requests: u64,
+) -> anyhow::Result<Vec<Floor>> {
+    let server = nodes.masters().first().context("no Redis server")?;
+    let sha = server.cli(&["SCRIPT", "LOAD", MINIMAL_SCRIPT]);
+    if sha.len() != 40 {
+        bail!("SCRIPT LOAD of the minimal script answered `{sha}`");
+    }
+    let mut out = Vec::new();
+    for run in 1..=runs {
+        let stats = benchmark(
+            nodes,
+            concurrency,
+            requests,
+            &["EVALSHA", &sha, "1", "floor:{__rand_int__}"],
+        )?;
+        out.push(Floor {
+            name: "minimal script (TIME, HINCRBY, PEXPIRE)".to_owned(),
+            run,
+            usec_per_decision: usec_per_call(&stats, "evalsha")?,
+        });
+        let incr = benchmark(
+            nodes,
+            concurrency,
+            requests,
+            &["INCRBY", "ref:__rand_int__", "1"],
+        )?;
+        let expire = benchmark(
+            nodes,
+            concurrency,
+            requests,
+            &["EXPIRE", "ref:__rand_int__", "60"],
+        )?;
+        out.push(Floor {
+            name: "envoyproxy/ratelimit's INCRBY + EXPIRE".to_owned(),
+            run,
+            usec_per_decision: usec_per_call(&incr, "incrby")? + usec_per_call(&expire, "expire")?,
+        });
+    }
+    Ok(out)
+}
+
+impl Scenario for RedisCpu {
+    fn name(&self) -> ScenarioName {
+        ScenarioName::RedisCpu
+    }
+
+    fn run(&self, bench: &mut Bench) -> anyhow::Result<()> {
+        let options = &self.options;
+        for &backend in &options.backends {
+            if backend == Backend::Memory {
+                bail!("redis-cpu measures Redis: the memory backend has none");
+            }
+            bench.servers.ensure(backend);
+        }
+        if !options.backends.contains(&Backend::Redis) {
+            bench.servers.ensure(Backend::Redis);
+        }
+        {
+            let nodes = bench.servers.nodes(Backend::Redis)?;
+            let requests = if bench.scale.quick { 2_000 } else { 200_000 };
+            for floor in floors(&nodes, options.concurrency, bench.scale.runs, requests)? {
+                say(&format!(
+                    "  redis-cpu floor {} run {}: {} µs per decision",
+                    floor.name,
+                    floor.run,
+                    fixed(Some(floor.usec_per_decision), 2)
+                ));
+                bench.records.record("floor", &floor)?;
+            }
+        }
+        for &backend in &options.backends {
+            for algorithm in [Algorithm::Counter, Algorithm::Log] {
+                for &shards in &options.shards {
+                    for mix in [Mix::Admitted, Mix::Refused] {
+                        let (limit, keys) = match mix {
+                            Mix::Admitted => (UNREACHABLE_LIMIT, 10_000),
+                            // Enough for every shard to hold some, little enough for the warmup
+                            // to spend.
+                            Mix::Refused => (u64::from(shards) * 10, 1),
+                        };
+                        let policy = policy(&[("user".to_owned(), algorithm, limit, shards)]);
+                        let stand = Stand::start(&bench.servers, backend, &policy, "deny")?;
+                        stand.nodes.flush();
+                        let connections = bench
+                            .loader
+                            .connect(&[stand.grpc_addr()], options.connections)?;
+                        let shape = uniform_shape(vec!["user".to_owned()], keys);
+                        let phase = |duration| Phase {
+                            shape: shape.clone(),
+                            concurrency: options.concurrency,
+                            rate: None,
+                            duration,
+                        };
+                        for run in 1..=bench.scale.runs {
+                            bench
+                                .loader
+                                .drive(&connections, &phase(bench.scale.warmup))?;
+                            stand.nodes.reset_stats();
+                            let load = bench
+                                .loader
+                                .drive(&connections, &phase(bench.scale.duration))?;
+                            let totals = script_totals(&stand.nodes)?;
+                            let result = RedisCpuRun {
+                                backend,
+                                algorithm,
+                                shards,
+                                mix,
+                                run,
+                                load,
+                                script_calls: totals.calls,
+                                script_usec: totals.usec,
+                            };
+                            say(&format!(
+                                "  redis-cpu {backend} {} shards {shards} {} run {run}: {} admitted, \
+                                 {} calls per decision, {} µs per call, {} µs per decision",
+                                algorithm.name(),
+                                mix.name(),
+                                percent(result.admitted_share()),
+                                fixed(result.calls_per_decision(), 2),
+                                fixed(result.usec_per_call(), 2),
+                                fixed(result.usec_per_decision(), 2),
+                            ));
+                            bench.records.record("run", &result)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn render(&self, records: &[Value]) -> anyhow::Result<String> {
+        render(records)
+    }
+}
+
+/// The redis-cpu section of the report.
+pub fn render(records: &[Value]) -> anyhow::Result<String> {
+    let conditions = conditions_of(records)?;
+    let runs: Vec<RedisCpuRun> = records_of(records, "run")?;
+    let floors: Vec<Floor> = records_of(records, "floor")?;
+    if runs.is_empty() {
+        bail!("the redis-cpu results hold no run");
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "### Redis CPU per decision\n");
+    let _ = writeln!(
+        out,
+        "{} Redis CPU from `INFO commandstats`, reset before each run: the microseconds spent in \
+         `evalsha` and `eval` (a script's own commands included) over every master, per script \
+         call and per decision. One descriptor; *admitted*: 10,000 keys under a limit no load \
+         reaches; *refused*: one key whose limit (10 a minute per shard) the warmup spends. \
+         *Floors*, on the single server in the same run with redis-benchmark: a minimal script \
+         (`TIME`, `HINCRBY`, `PEXPIRE`) and envoyproxy/ratelimit's `INCRBY` + `EXPIRE` per \
+         decision.\n",
+        measured(&conditions),
+    );
+    let mut table = Table::new(&[
+        ("floor", Align::Left),
+        ("Redis µs per decision", Align::Right),
+    ]);
+    let mut names: Vec<&str> = Vec::new();
+    for floor in &floors {
+        if !names.contains(&floor.name.as_str()) {
+            names.push(&floor.name);
+        }
+    }
+    for name in names {
+        table.row(vec![
+            name.to_owned(),
+            fixed(
+                median(
+                    floors
+                        .iter()
+                        .filter(|f| f.name == name)
+                        .map(|f| f.usec_per_decision),
+                ),
+                2,
+            ),
+        ]);
+    }
+    out.push_str(&table.render());
+    out.push('\n');
+    let mut table = Table::new(&[
+        ("backend", Align::Left),
+        ("algorithm", Align::Left),
+        ("shards", Align::Right),
+        ("traffic", Align::Left),
+        ("admitted", Align::Right),
+        ("decisions/s", Align::Right),
+        ("script calls per decision", Align::Right),
+        ("Redis µs per call", Align::Right),
+        ("Redis µs per decision", Align::Right),
+    ]);
+    let mut points: Vec<(Backend, Algorithm, u16, Mix)> = Vec::new();
+    for run in &runs {
+        let point = (run.backend, run.algorithm, run.shards, run.mix);
+        if !points.contains(&point) {
+            points.push(point);
+        }
+    }
+    for (backend, algorithm, shards, mix) in points {
+        let of: Vec<&RedisCpuRun> = runs
+            .iter()
+            .filter(|r| {
+                (r.backend, r.algorithm, r.shards, r.mix) == (backend, algorithm, shards, mix)
+            })
+            .collect();
+        table.row(vec![
+            backend.to_string(),
+            algorithm.name().to_owned(),
+            shards.to_string(),
+            mix.name().to_owned(),
+            percent(median(of.iter().filter_map(|r| r.admitted_share()))),
+            count(median(of.iter().map(|r| r.load.decisions_per_second))),
+            fixed(median(of.iter().filter_map(|r| r.calls_per_decision())), 2),
+            fixed(median(of.iter().filter_map(|r| r.usec_per_call())), 2),
+            fixed(median(of.iter().filter_map(|r| r.usec_per_decision())), 2),
+        ]);
+    }
+    out.push_str(&table.render());
+    Ok(out)
+}
