@@ -128,7 +128,14 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     assert!(doc.contains("Written by hand after."), "{doc}");
     assert!(!doc.contains("stale numbers"), "{doc}");
     for name in [
-        "machine", "matrix", "hotkey", "attack", "overload", "memory",
+        "machine",
+        "matrix",
+        "hotkey",
+        "attack",
+        "overload",
+        "memory",
+        "accuracy",
+        "redis-cpu",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -276,6 +283,50 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         doc.contains("### A flood of distinct keys on the memory backend"),
         "{doc}"
     );
+
+    // accuracy: the log never admits more than the limit in any window, whatever the traffic;
+    // the counter's boundary burst goes well past it; a log key grows with its hits.
+    let accuracy = records(&results, "accuracy");
+    let simulated = of_kind(&accuracy, "run");
+    assert!(simulated.len() >= 16, "{simulated:?}");
+    for run in &simulated {
+        let worst = number(run, &["worst_interval"]);
+        if run["algorithm"] == "log" {
+            assert!(worst <= 100.0, "{run}");
+            assert_eq!(number(run, &["wrongly_admitted"]), 0.0, "{run}");
+        }
+        if run["algorithm"] == "counter" && run["pattern"].as_str().unwrap().starts_with("boundary")
+        {
+            assert!(worst > 150.0, "{run}");
+        }
+    }
+    let bytes = of_kind(&accuracy, "bytes");
+    for store in ["memory", "redis"] {
+        let log = |hits: u64| {
+            bytes
+                .iter()
+                .find(|r| r["store"] == store && r["algorithm"] == "log" && r["hits"] == hits)
+                .map(|r| number(r, &["bytes"]))
+                .unwrap_or_else(|| panic!("no {store} log key of {hits} hits"))
+        };
+        assert!(log(10_000) > log(100), "{bytes:?}");
+    }
+    assert!(doc.contains("### Accuracy of the algorithms"), "{doc}");
+
+    // redis-cpu: both floors, and script time for every point.
+    let redis_cpu = records(&results, "redis-cpu");
+    let floors = of_kind(&redis_cpu, "floor");
+    assert_eq!(floors.len(), 2, "{floors:?}");
+    for floor in &floors {
+        assert!(number(floor, &["usec_per_decision"]) > 0.0, "{floor}");
+    }
+    let cpu_runs = of_kind(&redis_cpu, "run");
+    assert_eq!(cpu_runs.len(), 16, "{cpu_runs:?}");
+    for run in &cpu_runs {
+        assert!(number(run, &["script_calls"]) > 0.0, "{run}");
+        assert!(number(run, &["script_usec"]) > 0.0, "{run}");
+    }
+    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 2);
 
     // The report is a function of the results alone.
     let again = dir.path().join("again.md");
