@@ -1,7 +1,7 @@
 //! `tollgate-bench`: tollgate's one benchmark tool.
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
-//! `hotkey`, `attack`, `overload`, `memory`) start what they need (tollgate as a process, Redis and a Redis Cluster
+//! `hotkey`, `attack`, `overload`, `memory`, `cost`) start what they need (tollgate as a process, Redis and a Redis Cluster
 //! through the testkit, redis-benchmark for the ceilings), measure, keep every run as a JSON
 //! line in `target/bench/`, and print their report section; `report` runs several of them and
 //! writes `docs/performance.md`. See `tollgate-bench --help`.
@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
 use crate::load::args::LoadArgs;
 use crate::report::ReportArgs;
 use crate::scenario::attack::{Attack, AttackOptions};
+use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
@@ -94,6 +95,15 @@ enum Command {
         options: MemoryOptions,
     },
 
+    /// The per-limit statistics' cost on the memory backend: `DISABLE_STATS=true` against the
+    /// defaults (tracing off), interleaved runs; throughput ratio and CPU per decision.
+    Cost {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: CostOptions,
+    },
+
     /// Run scenarios and write their results into docs/performance.md.
     Report(ReportArgs),
 }
@@ -117,6 +127,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Attack { scale, options } => run_one(&scale, &Attack::new(options)),
         Command::Overload { scale, options } => run_one(&scale, &Overload::new(options)),
         Command::Memory { scale, options } => run_one(&scale, &Memory::new(options)),
+        Command::Cost { scale, options } => run_one(&scale, &Cost::new(options)),
         Command::Report(args) => report::run(&args),
     }
 }

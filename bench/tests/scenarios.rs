@@ -128,7 +128,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     assert!(doc.contains("Written by hand after."), "{doc}");
     assert!(!doc.contains("stale numbers"), "{doc}");
     for name in [
-        "machine", "matrix", "hotkey", "attack", "overload", "memory",
+        "machine", "matrix", "hotkey", "attack", "overload", "memory", "cost",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -274,6 +274,29 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     }
     assert!(
         doc.contains("### A flood of distinct keys on the memory backend"),
+        "{doc}"
+    );
+
+    // cost: both tollgates decided, and the ratio of their throughputs is written.
+    let cost = records(&results, "cost");
+    let cost_runs = of_kind(&cost, "run");
+    for mode in ["stats-off", "default"] {
+        let run = cost_runs
+            .iter()
+            .find(|r| r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no cost run of {mode}"));
+        assert!(
+            number(run, &["load", "decisions_per_second"]) > 0.0,
+            "{run}"
+        );
+        assert!(number(run, &["tollgate_cpu_seconds"]) >= 0.0, "{run}");
+    }
+    assert_eq!(
+        table_after(&doc, "### The cost of the per-limit statistics").len(),
+        2
+    );
+    assert!(
+        doc.contains("Throughput with the statistics over without: "),
         "{doc}"
     );
 

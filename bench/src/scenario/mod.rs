@@ -12,6 +12,7 @@
 //! (`report --render-only`).
 
 pub mod attack;
+pub mod cost;
 pub mod hotkey;
 pub mod matrix;
 pub mod memory;
@@ -52,16 +53,19 @@ pub enum ScenarioName {
     Overload,
     /// A flood of distinct keys on the memory backend: bytes per key, the budget, idle memory.
     Memory,
+    /// The per-limit statistics' cost on the memory backend: before and after, interleaved.
+    Cost,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 5] = [
+    pub const ALL: [ScenarioName; 6] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
         ScenarioName::Overload,
         ScenarioName::Memory,
+        ScenarioName::Cost,
     ];
 
     /// The name in records, file names and report markers.
@@ -72,6 +76,7 @@ impl ScenarioName {
             ScenarioName::Attack => "attack",
             ScenarioName::Overload => "overload",
             ScenarioName::Memory => "memory",
+            ScenarioName::Cost => "cost",
         }
     }
 }
@@ -84,6 +89,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Attack => Box::new(attack::Attack::new(defaults())),
         ScenarioName::Overload => Box::new(overload::Overload::new(defaults())),
         ScenarioName::Memory => Box::new(memory::Memory::new(defaults())),
+        ScenarioName::Cost => Box::new(cost::Cost::new(defaults())),
     }
 }
 
