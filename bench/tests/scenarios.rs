@@ -296,7 +296,9 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         2
     );
     assert!(
-        doc.contains("Throughput with the statistics over without: "),
+        doc.contains(
+            "Throughput with the statistics over without, the median of the runs' ratios: "
+        ),
         "{doc}"
     );
 
