@@ -90,4 +90,5 @@ pub mod limiter;
 pub mod proto;
 pub mod server;
 pub mod settings;
+pub mod telemetry;
 pub mod window;

@@ -20,6 +20,7 @@ use tollgate::server::{
     self, Listeners, MetricsOptions, Policies, ServeOptions, ServerTls, reload,
 };
 use tollgate::settings::{self, Entry, Flags, LogFormat, PolicySettings, Settings, Store};
+use tollgate::telemetry;
 
 /// A sliding-window rate-limit service for Envoy (RateLimitService v3).
 #[derive(Debug, Parser)]
@@ -195,36 +196,64 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let backend = connect_backend(&settings).await?;
-        let mut limiter = Limiter::new(Arc::new(config), backend, settings.limiter);
-        if let Some(names) = settings.limit_headers.clone() {
-            limiter = limiter.with_limit_headers(names);
+        // Before anything listens, so a tracing setup that cannot work stops the start.
+        let spans = telemetry::init(&settings.tracing, backend_name(&settings))?;
+        let served = serve_with(settings, policies, config, tls).await;
+        // The batch exporter holds the last spans; send them before the process exits.
+        if let Some(spans) = spans {
+            let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
         }
-        let listeners = Listeners::bind_all(&settings.listen).await?;
-        let options = ServeOptions {
-            policies,
-            load_options: settings.load_options,
-            reload_interval: settings.reload_interval,
-            reload_settle: settings.reload_settle,
-            allow_empty_config: settings.allow_empty_config,
-            drain_timeout: settings.drain_timeout,
-            max_in_flight: settings.max_in_flight,
-            health_fail_after: settings.health_fail_after,
-            tls,
-            max_connection_age: settings.grpc.max_connection_age,
-            max_connection_age_grace: settings.grpc.max_connection_age_grace,
-            metrics_path: settings
-                .stats
-                .prometheus
-                .as_ref()
-                .map_or_else(|| "/metrics".to_owned(), |p| p.path.clone()),
-            require_config: settings.healthy_with_at_least_one_config_loaded,
-            metrics: metrics_options(&settings),
-        };
-        server::serve(Arc::new(limiter), listeners, options, termination())
-            .await
-            .context("serving failed")
+        served
     })
+}
+
+/// The backend as spans name it.
+fn backend_name(settings: &Settings) -> &'static str {
+    match &settings.backend.store {
+        Store::Memory => "memory",
+        Store::Redis(target) => match target.kind {
+            connect::Kind::Single => "redis",
+            connect::Kind::Cluster => "redis-cluster",
+            connect::Kind::Sentinel => "redis-sentinel",
+        },
+    }
+}
+
+async fn serve_with(
+    settings: Settings,
+    policies: Policies,
+    config: Config,
+    tls: Option<Arc<ServerTls>>,
+) -> anyhow::Result<()> {
+    let backend = connect_backend(&settings).await?;
+    let mut limiter = Limiter::new(Arc::new(config), backend, settings.limiter);
+    if let Some(names) = settings.limit_headers.clone() {
+        limiter = limiter.with_limit_headers(names);
+    }
+    let listeners = Listeners::bind_all(&settings.listen).await?;
+    let options = ServeOptions {
+        policies,
+        load_options: settings.load_options,
+        reload_interval: settings.reload_interval,
+        reload_settle: settings.reload_settle,
+        allow_empty_config: settings.allow_empty_config,
+        drain_timeout: settings.drain_timeout,
+        max_in_flight: settings.max_in_flight,
+        health_fail_after: settings.health_fail_after,
+        tls,
+        max_connection_age: settings.grpc.max_connection_age,
+        max_connection_age_grace: settings.grpc.max_connection_age_grace,
+        metrics_path: settings
+            .stats
+            .prometheus
+            .as_ref()
+            .map_or_else(|| "/metrics".to_owned(), |p| p.path.clone()),
+        require_config: settings.healthy_with_at_least_one_config_loaded,
+        metrics: metrics_options(&settings),
+    };
+    server::serve(Arc::new(limiter), listeners, options, termination())
+        .await
+        .context("serving failed")
 }
 
 /// How the reference-named statistics are built: the mapping file of `PROMETHEUS_MAPPER_YAML`
@@ -280,6 +309,7 @@ fn metrics_options(settings: &Settings) -> MetricsOptions {
         // The reference reads the ratio as a 32-bit float and computes in it.
         near_limit_ratio: settings.behaviour.near_limit_ratio as f32,
         max_request_keys: stats.max_request_keys,
+        per_limit: !stats.per_limit_disabled,
     }
 }
 

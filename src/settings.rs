@@ -390,6 +390,9 @@ pub struct StatsSettings {
     pub response_time_as_milliseconds: bool,
     /// `--metrics-max-request-keys`: the cap on request-built metric keys.
     pub max_request_keys: usize,
+    /// `DISABLE_STATS=true`: the per-limit statistics are not recorded (the service's own
+    /// series stay).
+    pub per_limit_disabled: bool,
 }
 
 /// A metrics listener.
@@ -401,8 +404,8 @@ pub struct PrometheusSettings {
     pub path: String,
 }
 
-/// Trace export (`TRACING_*`, `OTEL_EXPORTER_OTLP_ENDPOINT`); parsed for the tracing exporter,
-/// which is not in this build yet.
+/// Span export over OTLP (`TRACING_*`, `OTEL_EXPORTER_OTLP_ENDPOINT`), with the reference's
+/// defaults: off, service name `RateLimit`, OTLP/HTTP, every trace sampled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TracingSettings {
     /// `TRACING_ENABLED`.
@@ -577,7 +580,7 @@ impl Settings {
         let response_time_as_milliseconds = env
             .boolean("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")?
             .unwrap_or(false);
-        stats_sinks(&env, &mut notices)?;
+        let per_limit_disabled = stats_sinks(&env, &mut notices)?;
 
         // gRPC server.
         let tls = grpc_tls(flags, &env, &mut notices)?;
@@ -676,7 +679,7 @@ impl Settings {
             },
         };
         let behaviour = behaviour(&env, &mut notices)?;
-        let tracing = tracing_settings(&env, &mut notices)?;
+        let tracing = tracing_settings(&env)?;
         ignored_but_typed(&env, &mut notices)?;
 
         Ok(Settings {
@@ -718,6 +721,7 @@ impl Settings {
                 max_request_keys: flags
                     .metrics_max_request_keys
                     .unwrap_or(crate::server::stats::DEFAULT_MAX_REQUEST_KEYS),
+                per_limit_disabled,
             },
             tracing,
             notices,
@@ -1108,7 +1112,9 @@ fn redis_target(
     Ok(target)
 }
 
-fn stats_sinks(env: &Env<'_>, notices: &mut Vec<String>) -> Result<(), SettingsError> {
+/// Reads the reference's sink variables, none of which tollgate needs; answers whether
+/// `DISABLE_STATS` turns the per-limit statistics off.
+fn stats_sinks(env: &Env<'_>, notices: &mut Vec<String>) -> Result<bool, SettingsError> {
     if env.boolean("USE_STATSD")? == Some(true) {
         notices.push(
             "USE_STATSD=true: tollgate does not push statsd; its metrics are served in the \
@@ -1123,17 +1129,11 @@ fn stats_sinks(env: &Env<'_>, notices: &mut Vec<String>) -> Result<(), SettingsE
                 .into(),
         );
     }
-    if env.boolean("DISABLE_STATS")? == Some(true) {
-        notices.push(
-            "DISABLE_STATS=true: ignored; /metrics is still served (it costs nothing unless \
-             scraped)"
-                .into(),
-        );
-    }
+    let disabled = env.boolean("DISABLE_STATS")? == Some(true);
     env.int("STATSD_PORT")?;
     env.duration("STATS_FLUSH_INTERVAL")?;
     env.map("EXTRA_TAGS")?;
-    Ok(())
+    Ok(disabled)
 }
 
 fn behaviour(env: &Env<'_>, notices: &mut Vec<String>) -> Result<Behaviour, SettingsError> {
@@ -1157,10 +1157,7 @@ fn behaviour(env: &Env<'_>, notices: &mut Vec<String>) -> Result<Behaviour, Sett
     })
 }
 
-fn tracing_settings(
-    env: &Env<'_>,
-    notices: &mut Vec<String>,
-) -> Result<TracingSettings, SettingsError> {
+fn tracing_settings(env: &Env<'_>) -> Result<TracingSettings, SettingsError> {
     let enabled = env.boolean("TRACING_ENABLED")?.unwrap_or(false);
     let exporter_protocol = match env.string("TRACING_EXPORTER_PROTOCOL").as_deref() {
         None | Some("http" | "") => ExporterProtocol::Http,
@@ -1184,11 +1181,6 @@ fn tracing_settings(
             .string("OTEL_EXPORTER_OTLP_ENDPOINT")
             .filter(|s| !s.is_empty()),
     };
-    if enabled {
-        notices.push(
-            "TRACING_ENABLED=true: span export is not in this build yet; no traces are sent".into(),
-        );
-    }
     Ok(settings)
 }
 

@@ -761,3 +761,43 @@ fn a_mapping_file_names_the_series_and_its_unsupported_keys() {
         "{warning}"
     );
 }
+
+// DISABLE_STATS=true, as in the reference, records no per-limit statistics; the service's own
+// series (calls, decisions by code) still count, so health and alerts on them keep working.
+#[test]
+fn disable_stats_records_no_per_limit_series() {
+    let tollgate = Tollgate::builder()
+        .policy("another.yaml", POLICY)
+        .env("DISABLE_STATS", "true")
+        .start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut client = rls::client(tollgate.grpc_addr()).await.expect("connect");
+        for _ in 0..3 {
+            client
+                .should_rate_limit(rls::request(DOMAIN, &[&[("key2", "off")]]))
+                .await
+                .expect("a decision");
+        }
+    });
+    let text = tollgate_metrics(&tollgate);
+    let labels = [("domain", "another"), ("key1", "key2")];
+    assert_eq!(per_limit(&text, &labels), [None; 5], "{text}");
+    assert!(!text.contains("ratelimit_service_rate_limit_"), "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            "ratelimit_service_total_requests",
+            &[("grpc_method", "ShouldRateLimit")]
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert!(
+        !tollgate.log().contains("DISABLE_STATS"),
+        "no warning says it is ignored"
+    );
+}

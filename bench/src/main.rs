@@ -1,10 +1,11 @@
 //! `tollgate-bench`: tollgate's one benchmark tool.
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
-//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`) start what they need (tollgate as a
-//! process, Redis and a Redis Cluster through the testkit, redis-benchmark for the ceilings),
-//! measure, keep every run as a JSON line in `target/bench/`, and print their report section;
-//! `report` runs several of them and writes `docs/performance.md`. See `tollgate-bench --help`.
+//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`) start what they need
+//! (tollgate as a process, Redis and a Redis Cluster through the testkit, redis-benchmark for the
+//! ceilings), measure, keep every run as a JSON line in `target/bench/`, and print their report
+//! section; `report` runs several of them and writes `docs/performance.md`. See
+//! `tollgate-bench --help`.
 
 mod ceiling;
 mod doc;
@@ -23,6 +24,7 @@ use crate::load::args::LoadArgs;
 use crate::report::ReportArgs;
 use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
+use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
@@ -114,6 +116,15 @@ enum Command {
         options: RedisCpuOptions,
     },
 
+    /// The per-limit statistics' cost on the memory backend: `DISABLE_STATS=true` against the
+    /// defaults (tracing off), interleaved runs; throughput ratio and CPU per decision.
+    Cost {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: CostOptions,
+    },
+
     /// Run scenarios and write their results into docs/performance.md.
     Report(ReportArgs),
 }
@@ -139,6 +150,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Memory { scale, options } => run_one(&scale, &Memory::new(options)),
         Command::Accuracy { scale, options } => run_one(&scale, &Accuracy::new(options)),
         Command::RedisCpu { scale, options } => run_one(&scale, &RedisCpu::new(options)),
+        Command::Cost { scale, options } => run_one(&scale, &Cost::new(options)),
         Command::Report(args) => report::run(&args),
     }
 }

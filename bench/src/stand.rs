@@ -258,6 +258,18 @@ impl<'a> Stand<'a> {
         failure_mode: &str,
         extra: &[String],
     ) -> anyhow::Result<Self> {
+        Stand::start_with_env(servers, backend, policy, failure_mode, extra, &[])
+    }
+
+    /// [`Stand::start_with`] with environment variables of the process (`DISABLE_STATS`, ...).
+    pub fn start_with_env(
+        servers: &'a Servers,
+        backend: Backend,
+        policy: &str,
+        failure_mode: &str,
+        extra: &[String],
+        envs: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let nodes = servers.nodes(backend)?;
         let mut args = vec![
             "--backend".to_owned(),
@@ -271,10 +283,11 @@ impl<'a> Stand<'a> {
             args.extend(["--redis-url".to_owned(), nodes.url()]);
         }
         args.extend(extra.iter().cloned());
-        let tollgate = Tollgate::builder()
-            .policy("bench.yaml", policy)
-            .args(args)
-            .start();
+        let mut builder = Tollgate::builder().policy("bench.yaml", policy).args(args);
+        for (name, value) in envs {
+            builder = builder.env(name, value);
+        }
+        let tollgate = builder.start();
         Ok(Stand { tollgate, nodes })
     }
 

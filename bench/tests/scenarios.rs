@@ -136,6 +136,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         "memory",
         "accuracy",
         "redis-cpu",
+        "cost",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -327,6 +328,30 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(number(run, &["script_usec"]) > 0.0, "{run}");
     }
     assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 2);
+    // cost: both tollgates decided, and the ratio of their throughputs is written.
+    let cost = records(&results, "cost");
+    let cost_runs = of_kind(&cost, "run");
+    for mode in ["stats-off", "default"] {
+        let run = cost_runs
+            .iter()
+            .find(|r| r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no cost run of {mode}"));
+        assert!(
+            number(run, &["load", "decisions_per_second"]) > 0.0,
+            "{run}"
+        );
+        assert!(number(run, &["tollgate_cpu_seconds"]) >= 0.0, "{run}");
+    }
+    assert_eq!(
+        table_after(&doc, "### The cost of the per-limit statistics").len(),
+        2
+    );
+    assert!(
+        doc.contains(
+            "Throughput with the statistics over without, the median of the runs' ratios: "
+        ),
+        "{doc}"
+    );
 
     // The report is a function of the results alone.
     let again = dir.path().join("again.md");

@@ -37,6 +37,7 @@ use arc_swap::ArcSwap;
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
+use crate::telemetry::{self, CallOutcome};
 use crate::window::{self, Algorithm, Cost, Counting};
 
 /// The most descriptors one request may carry.
@@ -286,7 +287,13 @@ impl<B: Backend> Limiter<B> {
         let results = if hits.is_empty() {
             Vec::new()
         } else {
-            self.backend.acquire(&hits).await
+            telemetry::backend_call(
+                "acquire",
+                hits.len(),
+                self.backend.acquire(&hits),
+                acquire_outcome,
+            )
+            .await
         };
         Ok(self.finish(request, plans, results, metadata_sources).await)
     }
@@ -535,7 +542,17 @@ impl<B: Backend> Limiter<B> {
                     .collect();
                 // Failing to give back only errs on the strict side (fewer admissions later);
                 // the backend logs it, and the statuses keep what was true before.
-                if self.backend.release(&given_back).await.is_ok() {
+                let released = telemetry::backend_call(
+                    "release",
+                    given_back.len(),
+                    self.backend.release(&given_back),
+                    |result| match result {
+                        Ok(()) => CallOutcome::Ok,
+                        Err(_) => CallOutcome::Error,
+                    },
+                )
+                .await;
+                if released.is_ok() {
                     for (status, receipt) in receipts {
                         if let Some(status) = statuses.get_mut(status) {
                             status.remaining =
@@ -823,6 +840,21 @@ fn override_text(limit: &LimitOverride) -> String {
         parts.push(format!("unit:{}", unit.as_str().to_ascii_uppercase()));
     }
     parts.join(" ")
+}
+
+/// How an acquire call went, for its span: any failed hit makes it an error, else any refused
+/// hit makes it over the limit.
+#[allow(clippy::ptr_arg)] // the acquire call's own output type, passed by reference
+fn acquire_outcome(results: &Vec<Result<Outcome, BackendError>>) -> CallOutcome {
+    let mut outcome = CallOutcome::Ok;
+    for result in results {
+        match result {
+            Err(_) => return CallOutcome::Error,
+            Ok(o) if !o.verdict.admitted => outcome = CallOutcome::OverLimit,
+            Ok(_) => {}
+        }
+    }
+    outcome
 }
 
 /// Builds the identity of the counter for `entries` of `domain` under one algorithm and window:

@@ -32,6 +32,9 @@ pub struct MetricsOptions {
     /// The most distinct keys built from request values (`detailed_metric`, `value_to_metric`,
     /// descriptor overrides) that get series of their own.
     pub max_request_keys: usize,
+    /// Whether each limit's statistics are recorded (the reference's `DISABLE_STATS=true`
+    /// turns them off; the service's own series stay).
+    pub per_limit: bool,
 }
 
 impl Default for MetricsOptions {
@@ -40,6 +43,7 @@ impl Default for MetricsOptions {
             mapper: Mapper::default_mapping(),
             near_limit_ratio: 0.8,
             max_request_keys: DEFAULT_MAX_REQUEST_KEYS,
+            per_limit: true,
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct Metrics {
     stats: std::sync::Arc<ReferenceStats>,
     failure_answers: Family<FailureLabels, Counter>,
     config: ConfigMetrics,
+    /// Whether each limit's statistics are recorded ([`MetricsOptions::per_limit`]).
+    per_limit: bool,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -161,6 +167,7 @@ impl Metrics {
     /// A fresh registry with every metric at zero, the reference-named statistics built as
     /// `options` say.
     pub fn with_options(options: MetricsOptions) -> Self {
+        let per_limit = options.per_limit;
         let mut registry = Registry::default();
         let overflowed = Counter::default();
         let stats = std::sync::Arc::new(ReferenceStats::new(
@@ -253,6 +260,7 @@ impl Metrics {
             stats,
             failure_answers,
             config,
+            per_limit,
         }
     }
 
@@ -380,9 +388,14 @@ impl Metrics {
     pub fn observe_decision(&self, domain: &str, decision: &Decision) {
         let mut backend_failed = false;
         for report in &decision.reports {
+            if matches!(report.usage, Usage::Failed(_)) {
+                backend_failed = true;
+            }
+            if !self.per_limit {
+                continue;
+            }
             self.stats.record(domain, report);
             if let Usage::Failed(mode) = report.usage {
-                backend_failed = true;
                 self.failure_answers
                     .get_or_create(&FailureLabels {
                         limit: failure_label(domain, report),

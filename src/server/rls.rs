@@ -20,6 +20,7 @@ use crate::proto::{
     self, HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
     rate_limit_response::{self, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit},
 };
+use crate::telemetry::{self, Headers, NoHeaders};
 
 /// Everything a request handler needs, shared by the gRPC and HTTP interfaces.
 #[derive(Debug)]
@@ -84,7 +85,11 @@ impl<B: Backend> proto::rate_limit_service_server::RateLimitService for RlsServi
         request: GrpcRequest<RateLimitRequest>,
     ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
         let started = Instant::now();
-        let result = self.app.decide(request.into_inner()).await;
+        let (metadata, _, request) = request.into_parts();
+        let result = self
+            .app
+            .decide_traced(request, &GrpcHeaders(&metadata))
+            .await;
         // The reference's gRPC interceptor counts every call, refused ones included; `/json`
         // does not pass through it.
         self.app
@@ -117,6 +122,29 @@ impl<B: Backend> App<B> {
     /// with [`OVERLOADED`], touching no counter: a call that waited would only come back after
     /// its caller gave up.
     pub async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, GrpcStatus> {
+        self.decide_traced(request, &NoHeaders).await
+    }
+
+    /// [`App::decide`] for a call whose `headers` may carry the caller's trace context: the
+    /// decision's span (while tracing is on) joins that trace.
+    pub async fn decide_traced(
+        &self,
+        request: RateLimitRequest,
+        headers: &dyn Headers,
+    ) -> Result<RateLimitResponse, GrpcStatus> {
+        let span = telemetry::request_span(headers, &request.domain, request.descriptors.len());
+        let result = span.run(self.decide_untraced(request)).await;
+        span.finish(match &result {
+            Ok(response) => Ok(overall_code_name(response.overall_code)),
+            Err(status) => Err(status.message()),
+        });
+        result
+    }
+
+    async fn decide_untraced(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, GrpcStatus> {
         // Before the first policies of a source that waits for them, there is nothing to decide
         // by: answer as a service that is not up yet would, and let Envoy's failure mode rule.
         if let Some(reason) = self.health.waiting_for_policies() {
@@ -151,6 +179,24 @@ impl<B: Backend> App<B> {
         self.metrics
             .observe(result.as_ref().map_err(|_| ()), started.elapsed());
         result
+    }
+}
+
+/// The name of an overall code as the protocol spells it, for the decision's span.
+fn overall_code_name(code: i32) -> &'static str {
+    match rate_limit_response::Code::try_from(code) {
+        Ok(rate_limit_response::Code::Ok) => "OK",
+        Ok(rate_limit_response::Code::OverLimit) => "OVER_LIMIT",
+        _ => "UNKNOWN",
+    }
+}
+
+/// The metadata of a gRPC call, as the span of its decision reads the caller's trace context.
+struct GrpcHeaders<'a>(&'a tonic::metadata::MetadataMap);
+
+impl Headers for GrpcHeaders<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).and_then(|value| value.to_str().ok())
     }
 }
 

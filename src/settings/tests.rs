@@ -391,20 +391,32 @@ fn unsupported_settings_stop_or_warn_as_carrying_on_would_surprise_or_not() {
             ("USE_STATSD", "true"),
             ("USE_DOG_STATSD", "true"),
             ("TRACING_ENABLED", "true"),
+            ("DISABLE_STATS", "true"),
         ],
     )
     .unwrap();
-    for var in [
-        "USE_STATSD=true",
-        "USE_DOG_STATSD=true",
-        "TRACING_ENABLED=true",
-    ] {
+    for var in ["USE_STATSD=true", "USE_DOG_STATSD=true"] {
         assert!(
             settings.notices.iter().any(|n| n.starts_with(var)),
             "{var}: {:?}",
             settings.notices
         );
     }
+    // Both are honoured now, so neither is announced as ignored.
+    for var in ["TRACING_ENABLED", "DISABLE_STATS"] {
+        assert!(
+            !settings.notices.iter().any(|n| n.starts_with(var)),
+            "{var}: {:?}",
+            settings.notices
+        );
+    }
+    assert!(settings.tracing.enabled);
+    assert!(settings.stats.per_limit_disabled);
+    let defaults = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();
+    assert!(!defaults.tracing.enabled);
+    assert!(!defaults.stats.per_limit_disabled);
+    assert_eq!(defaults.tracing.service_name, "RateLimit");
+    assert_eq!(defaults.tracing.sampling_rate, 1.0);
 }
 
 #[test]

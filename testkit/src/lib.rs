@@ -15,6 +15,7 @@ pub mod hits;
 pub mod in_process;
 pub mod mount;
 pub mod net;
+pub mod otlp;
 pub mod pki;
 pub mod policy;
 pub mod process;

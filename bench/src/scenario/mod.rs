@@ -13,6 +13,7 @@
 
 pub mod accuracy;
 pub mod attack;
+pub mod cost;
 pub mod hotkey;
 pub mod matrix;
 pub mod memory;
@@ -58,11 +59,13 @@ pub enum ScenarioName {
     Accuracy,
     /// Redis CPU per decision, beside a minimal script and the reference's commands.
     RedisCpu,
+    /// The per-limit statistics' cost on the memory backend: before and after, interleaved.
+    Cost,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 7] = [
+    pub const ALL: [ScenarioName; 8] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -70,6 +73,7 @@ impl ScenarioName {
         ScenarioName::Memory,
         ScenarioName::Accuracy,
         ScenarioName::RedisCpu,
+        ScenarioName::Cost,
     ];
 
     /// The name in records, file names and report markers.
@@ -82,6 +86,7 @@ impl ScenarioName {
             ScenarioName::Memory => "memory",
             ScenarioName::Accuracy => "accuracy",
             ScenarioName::RedisCpu => "redis-cpu",
+            ScenarioName::Cost => "cost",
         }
     }
 }
@@ -96,6 +101,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Memory => Box::new(memory::Memory::new(defaults())),
         ScenarioName::Accuracy => Box::new(accuracy::Accuracy::new(defaults())),
         ScenarioName::RedisCpu => Box::new(redis_cpu::RedisCpu::new(defaults())),
+        ScenarioName::Cost => Box::new(cost::Cost::new(defaults())),
     }
 }
 

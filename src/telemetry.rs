@@ -1,0 +1,135 @@
+//! OpenTelemetry spans for decisions, exported over OTLP when `TRACING_ENABLED=true`: one server
+//! span per `ShouldRateLimit` (domain, descriptor count, overall code), joined to the caller's
+//! trace by its `traceparent` (W3C) or B3 headers, with one child span per backend call.
+//!
+//! Off by default. While off nothing is set up and the request path pays one check of an
+//! unset cell per call. The exporter is the cargo feature `otlp` (on by default); a build
+//! without it refuses `TRACING_ENABLED=true` at start instead of silently sending nothing.
+//!
+//! The server and the limiter use only this module's types, so neither learns about the
+//! OpenTelemetry SDK, and the limiter stays free of gRPC types: the server hands the incoming
+//! metadata over as [`Headers`].
+
+/// Why span export could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// Tracing was asked for, but this binary was built without the exporter.
+    #[error(
+        "TRACING_ENABLED=true, but this tollgate was built without span export (cargo feature \
+         `otlp`); rebuild with `--features otlp` or unset TRACING_ENABLED"
+    )]
+    NotBuilt,
+    /// The exporter or its endpoint could not be set up.
+    #[error("cannot set up OTLP span export: {0}")]
+    Exporter(String),
+    /// Tracing was set up twice in one process.
+    #[error("span export is already set up in this process")]
+    AlreadySet,
+}
+
+/// Read access to the headers (gRPC metadata) of an incoming call, by lowercase name.
+pub trait Headers: Sync {
+    /// The value of header `name` (lowercase), if present and text.
+    fn get(&self, name: &str) -> Option<&str>;
+}
+
+/// A call without headers (an embedder's direct call).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHeaders;
+
+impl Headers for NoHeaders {
+    fn get(&self, _name: &str) -> Option<&str> {
+        None
+    }
+}
+
+/// What a backend call span records as its `outcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// Every hit was admitted (or the release went through).
+    Ok,
+    /// At least one hit was refused.
+    OverLimit,
+    /// At least one hit, or the call, failed.
+    Error,
+}
+
+impl CallOutcome {
+    /// The attribute value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "ok",
+            CallOutcome::OverLimit => "over_limit",
+            CallOutcome::Error => "error",
+        }
+    }
+}
+
+#[cfg(feature = "otlp")]
+mod b3;
+#[cfg(feature = "otlp")]
+mod otlp;
+#[cfg(feature = "otlp")]
+pub use otlp::{RequestSpan, Tracing, backend_call, init, request_span};
+
+#[cfg(not(feature = "otlp"))]
+pub use off::{RequestSpan, Tracing, backend_call, init, request_span};
+
+/// The stand-ins of a build without the exporter: the same calls, doing nothing.
+#[cfg(not(feature = "otlp"))]
+mod off {
+    use std::future::Future;
+
+    use super::*;
+    use crate::settings::TracingSettings;
+
+    /// Span export while it runs; this build has none.
+    #[derive(Debug)]
+    pub struct Tracing(());
+
+    impl Tracing {
+        /// Nothing to flush in this build.
+        pub fn shutdown(self) {}
+    }
+
+    /// Refuses `TRACING_ENABLED=true`: this build cannot export spans.
+    pub fn init(
+        settings: &TracingSettings,
+        _backend: &'static str,
+    ) -> Result<Option<Tracing>, TelemetryError> {
+        if settings.enabled {
+            Err(TelemetryError::NotBuilt)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The span of one decision; never recording in this build.
+    #[derive(Debug)]
+    pub struct RequestSpan(());
+
+    /// A span that records nothing.
+    pub fn request_span(_: &dyn Headers, _: &str, _: usize) -> RequestSpan {
+        RequestSpan(())
+    }
+
+    impl RequestSpan {
+        /// Runs `work` as is.
+        pub fn run<F: Future>(&self, work: F) -> F {
+            work
+        }
+
+        /// Nothing to end.
+        pub fn finish(self, _: Result<&'static str, &str>) {}
+    }
+
+    /// Runs `call` as is.
+    pub async fn backend_call<T>(
+        _: &'static str,
+        _: usize,
+        call: impl Future<Output = T>,
+        _: impl FnOnce(&T) -> CallOutcome,
+    ) -> T {
+        call.await
+    }
+}
