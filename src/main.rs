@@ -323,15 +323,13 @@ async fn connect_backend(
         None => None,
     };
     let stored = PerSecond::new(main, per_second);
-    let cache_bytes = settings.behaviour.local_cache_size_in_bytes;
+    let cache_bytes = settings.behaviour.local_cache_bytes(&backend.store);
     tracing::info!(budget_bytes = cache_bytes, "local over-limit cache");
     let cached = match &backend.store {
         // The memory backend decides by this clock: the cache reads the very same one.
         Store::Memory => LocalCache::new(stored, clock, cache_bytes),
         // Redis decides by its own clock (TIME): durations are measured on a monotonic one.
-        Store::Redis(_) => {
-            LocalCache::new(stored, Arc::new(MonotonicClock::new()), cache_bytes)
-        }
+        Store::Redis(_) => LocalCache::new(stored, Arc::new(MonotonicClock::new()), cache_bytes),
     };
     Ok(Sharded::new(cached))
 }

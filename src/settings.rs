@@ -264,7 +264,8 @@ pub struct Flags {
     pub memory_budget: Option<usize>,
     /// The most bytes the local over-limit cache holds (e.g. `8MiB`); `0` turns it off. It
     /// answers a hit the backend refused, until the instant the backend could admit it, without
-    /// a backend call (also LOCAL_CACHE_SIZE_IN_BYTES) [default: 8MiB].
+    /// a backend call (also LOCAL_CACHE_SIZE_IN_BYTES) [default: 8MiB with the memory backend, 0
+    /// (off) with Redis, where other instances' refunds are not seen].
     #[arg(long, env = "TOLLGATE_LOCAL_CACHE_BYTES", value_parser = parse_size)]
     pub local_cache_bytes: Option<usize>,
     /// The most decisions in flight at once (gRPC and POST /json together); past it a call is
@@ -380,8 +381,23 @@ pub struct Behaviour {
     /// reference's metrics. Parsed for those metrics.
     pub near_limit_ratio: f64,
     /// `--local-cache-bytes` or `LOCAL_CACHE_SIZE_IN_BYTES`: the byte budget of the local
-    /// over-limit cache (0: off).
-    pub local_cache_size_in_bytes: u64,
+    /// over-limit cache (0: off); `None` when neither is set (the default depends on the store:
+    /// see [`Behaviour::local_cache_bytes`]).
+    pub local_cache_size_in_bytes: Option<u64>,
+}
+
+impl Behaviour {
+    /// The local over-limit cache's budget in front of `store`: as set, else on for the memory
+    /// backend (every release goes through this process, so the cache is exact) and off for Redis
+    /// (another instance's refund of a rejected request's charge is not seen here, and an entry
+    /// would keep refusing what that refund made room for).
+    pub fn local_cache_bytes(&self, store: &Store) -> u64 {
+        match (self.local_cache_size_in_bytes, store) {
+            (Some(bytes), _) => bytes,
+            (None, Store::Memory) => crate::backend::local_cache::DEFAULT_BYTES,
+            (None, Store::Redis(_)) => 0,
+        }
+    }
 }
 
 /// Metrics export.
@@ -680,7 +696,7 @@ impl Settings {
                 None => env.boolean("RESPONSE_DYNAMIC_METADATA")?.unwrap_or(false),
             },
         };
-        let behaviour = behaviour(&flags, &env)?;
+        let behaviour = behaviour(flags, &env)?;
         let tracing = tracing_settings(&env, &mut notices)?;
         ignored_but_typed(&env, &mut notices)?;
 
@@ -1146,15 +1162,15 @@ fn behaviour(flags: &Flags, env: &Env<'_>) -> Result<Behaviour, SettingsError> {
     // The reference's 0 (its default) turns the cache off when set explicitly; unset, the cache
     // is on, since it never refuses what the backend would admit.
     let local_cache_size_in_bytes = match flags.local_cache_bytes {
-        Some(bytes) => u64::try_from(bytes).unwrap_or(u64::MAX),
+        Some(bytes) => Some(u64::try_from(bytes).unwrap_or(u64::MAX)),
         None => match env.int("LOCAL_CACHE_SIZE_IN_BYTES")? {
             Some(n) if n < 0 => {
                 return Err(
                     env.malformed("LOCAL_CACHE_SIZE_IN_BYTES", "a size in bytes, 0 or more")
                 );
             }
-            Some(n) => u64::try_from(n).unwrap_or(0),
-            None => crate::backend::local_cache::DEFAULT_BYTES,
+            Some(n) => Some(u64::try_from(n).unwrap_or(0)),
+            None => None,
         },
     };
     Ok(Behaviour {
