@@ -72,7 +72,8 @@ impl Store {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// As `tollgate serve` runs it: `Sharded<LocalCache<AnyBackend>>` (limits with `shards`
-    /// split, others untouched; the local over-limit cache on, below sharding).
+    /// split, others untouched; the local over-limit cache below sharding, on by default for
+    /// memory and off for Redis, as `tollgate serve` has it).
     Plain,
     /// Every limit split over at least [`FORCED_SHARDS`] shards.
     Sharded,
@@ -81,8 +82,10 @@ pub enum Mode {
 /// Whether a stack has the local over-limit cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cached {
+    /// As `tollgate serve` has it by default: on for memory, off for Redis.
+    Default,
+    /// On, whatever the store.
     On,
-    Off,
 }
 
 /// A server a target uses: the binary's shared one, or one of its own.
@@ -205,31 +208,26 @@ impl Target {
 
     /// A new backend instance on the store whose calls time out after `timeout`.
     pub async fn backend_with_timeout(&self, timeout: Duration) -> TestBackend {
-        self.compose(self.store.connect(&self.prefix, timeout).await, Cached::On)
-            .await
+        self.compose(
+            self.store.connect(&self.prefix, timeout).await,
+            Cached::Default,
+        )
+        .await
     }
 
-    /// A new backend instance as [`Target::backend`] makes it, with a count of the hits that got
-    /// past the local over-limit cache to the store.
+    /// A new backend instance with the local over-limit cache on (whatever the store), and a
+    /// count of the hits that got past the cache to the store.
     pub async fn counted_backend(&self) -> (TestBackend, CountCalls) {
         let counted = CountCalls::new(self.store.connect(&self.prefix, CALL_TIMEOUT).await);
         (self.compose(counted.clone(), Cached::On).await, counted)
     }
 
-    /// A new backend instance as [`Target::backend`] makes it but without the local over-limit
-    /// cache, under a key prefix of its own: the bare backend to compare the cached one with.
-    pub async fn uncached_backend(&self) -> TestBackend {
-        let prefix = format!("{}bare:", self.prefix);
-        let store = self.store.connect(&prefix, CALL_TIMEOUT).await;
-        self.compose(store, Cached::Off).await
-    }
-
     /// The stack `tollgate serve` builds over `store`: the local cache (timed as it is there)
     /// below sharding, and this target's mode above.
     async fn compose<B: Backend + ShardKeys>(&self, store: B, cached: Cached) -> TestBackend {
-        let bytes = match cached {
-            Cached::On => DEFAULT_BYTES,
-            Cached::Off => 0,
+        let bytes = match (cached, &self.store) {
+            (Cached::On, _) | (Cached::Default, Store::Memory) => DEFAULT_BYTES,
+            (Cached::Default, _) => 0,
         };
         let cache = match self.store {
             Store::Memory => LocalCache::new(store, Arc::new(SystemClock), bytes),

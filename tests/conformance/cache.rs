@@ -5,12 +5,12 @@
 
 use std::sync::{Arc, LazyLock};
 
-use tollgate::backend::{Backend, Hit};
 use tollgate::backend::local_cache::DEFAULT_BYTES;
+use tollgate::backend::{Backend, Hit};
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::config::Config;
 use tollgate::limiter::{Code, Limiter, Settings};
-use tollgate::window::{Algorithm, Cost, Counting};
+use tollgate::window::{Cost, Counting};
 use tollgate_testkit::cases;
 use tollgate_testkit::hits::{ALGORITHMS, counted, fresh_key, hit, one};
 use tollgate_testkit::requests::descriptor as d;
@@ -90,7 +90,10 @@ async fn a_raised_limit_or_smaller_cost_asks_the_store(t: &Target) {
         assert_eq!(fill(&backend, &h).await, 2, "{algorithm}");
         let asked = store.hits();
         let smaller = with_cost(&h, 1);
-        assert!(one(&backend, &smaller).await.verdict.admitted, "{algorithm}");
+        assert!(
+            one(&backend, &smaller).await.verdict.admitted,
+            "{algorithm}"
+        );
         assert!(store.hits() > asked, "a smaller cost is asked");
 
         let raised = Hit {
