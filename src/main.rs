@@ -12,7 +12,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tollgate::backend::redis::{ClusterBackend, RedisBackend, connect};
 use tollgate::backend::shard::Sharded;
-use tollgate::backend::{AnyBackend, MemoryBackend, PerSecond};
+use tollgate::backend::{AnyBackend, LocalCache, MemoryBackend, PerSecond};
+use tollgate::clock::{Clock, MonotonicClock, SystemClock};
 use tollgate::config::{Config, LoadOptions};
 use tollgate::limiter::Limiter;
 use tollgate::server::mapper::Mapper;
@@ -313,13 +314,18 @@ fn metrics_options(settings: &Settings) -> MetricsOptions {
     }
 }
 
-async fn connect_backend(settings: &Settings) -> anyhow::Result<Sharded<PerSecond<AnyBackend>>> {
+/// The store, with the local over-limit cache below sharding (so its entries are per shard
+/// window) when it has a budget.
+async fn connect_backend(
+    settings: &Settings,
+) -> anyhow::Result<Sharded<LocalCache<PerSecond<AnyBackend>>>> {
     let backend = &settings.backend;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let main = match &backend.store {
         Store::Memory => {
             tracing::info!(budget_bytes = backend.memory_budget, "memory backend");
             AnyBackend::Memory(MemoryBackend::with_budget(
-                Arc::new(tollgate::clock::SystemClock),
+                Arc::clone(&clock),
                 backend.memory_budget,
             ))
         }
@@ -346,7 +352,16 @@ async fn connect_backend(settings: &Settings) -> anyhow::Result<Sharded<PerSecon
         ),
         None => None,
     };
-    Ok(Sharded::new(PerSecond::new(main, per_second)))
+    let stored = PerSecond::new(main, per_second);
+    let cache_bytes = settings.behaviour.local_cache_bytes(&backend.store);
+    tracing::info!(budget_bytes = cache_bytes, "local over-limit cache");
+    let cached = match &backend.store {
+        // The memory backend decides by this clock: the cache reads the very same one.
+        Store::Memory => LocalCache::new(stored, clock, cache_bytes),
+        // Redis decides by its own clock (TIME): durations are measured on a monotonic one.
+        Store::Redis(_) => LocalCache::new(stored, Arc::new(MonotonicClock::new()), cache_bytes),
+    };
+    Ok(Sharded::new(cached))
 }
 
 async fn connect_redis(

@@ -262,6 +262,12 @@ pub struct Flags {
     /// the cgroup's memory limit when that is smaller].
     #[arg(long, env = "TOLLGATE_MEMORY_BUDGET", value_parser = parse_bytes)]
     pub memory_budget: Option<usize>,
+    /// The most bytes the local over-limit cache holds (e.g. `8MiB`); `0` turns it off. It
+    /// answers a hit the backend refused, until the instant the backend could admit it, without
+    /// a backend call (also LOCAL_CACHE_SIZE_IN_BYTES) [default: 8MiB with the memory backend, 0
+    /// (off) with Redis, where other instances' refunds are not seen].
+    #[arg(long, env = "TOLLGATE_LOCAL_CACHE_BYTES", value_parser = parse_size)]
+    pub local_cache_bytes: Option<usize>,
     /// The most decisions in flight at once (gRPC and POST /json together); past it a call is
     /// answered at once with RESOURCE_EXHAUSTED (Envoy applies its failure_mode_deny). 0:
     /// unbounded [default: 256].
@@ -374,9 +380,24 @@ pub struct Behaviour {
     /// `NEAR_LIMIT_RATIO`: the share of a limit past which a hit counts as "near limit" in the
     /// reference's metrics. Parsed for those metrics.
     pub near_limit_ratio: f64,
-    /// `LOCAL_CACHE_SIZE_IN_BYTES`: the budget of the local over-limit cache (0: off). Not in this
-    /// build yet (start-up notice when set).
-    pub local_cache_size_in_bytes: u64,
+    /// `--local-cache-bytes` or `LOCAL_CACHE_SIZE_IN_BYTES`: the byte budget of the local
+    /// over-limit cache (0: off); `None` when neither is set (the default depends on the store:
+    /// see [`Behaviour::local_cache_bytes`]).
+    pub local_cache_size_in_bytes: Option<u64>,
+}
+
+impl Behaviour {
+    /// The local over-limit cache's budget in front of `store`: as set, else on for the memory
+    /// backend (every release goes through this process, so the cache is exact) and off for Redis
+    /// (another instance's refund of a rejected request's charge is not seen here, and an entry
+    /// would keep refusing what that refund made room for).
+    pub fn local_cache_bytes(&self, store: &Store) -> u64 {
+        match (self.local_cache_size_in_bytes, store) {
+            (Some(bytes), _) => bytes,
+            (None, Store::Memory) => crate::backend::local_cache::DEFAULT_BYTES,
+            (None, Store::Redis(_)) => 0,
+        }
+    }
 }
 
 /// Metrics export.
@@ -678,7 +699,7 @@ impl Settings {
                 None => env.boolean("RESPONSE_DYNAMIC_METADATA")?.unwrap_or(false),
             },
         };
-        let behaviour = behaviour(&env, &mut notices)?;
+        let behaviour = behaviour(flags, &env)?;
         let tracing = tracing_settings(&env)?;
         ignored_but_typed(&env, &mut notices)?;
 
@@ -1136,21 +1157,22 @@ fn stats_sinks(env: &Env<'_>, notices: &mut Vec<String>) -> Result<bool, Setting
     Ok(disabled)
 }
 
-fn behaviour(env: &Env<'_>, notices: &mut Vec<String>) -> Result<Behaviour, SettingsError> {
+fn behaviour(flags: &Flags, env: &Env<'_>) -> Result<Behaviour, SettingsError> {
     let near_limit_ratio = env.float("NEAR_LIMIT_RATIO")?.unwrap_or(0.8);
-    let local_cache_size_in_bytes = match env.int("LOCAL_CACHE_SIZE_IN_BYTES")? {
-        Some(n) if n < 0 => {
-            return Err(env.malformed("LOCAL_CACHE_SIZE_IN_BYTES", "a size in bytes, 0 or more"));
-        }
-        Some(n) => u64::try_from(n).unwrap_or(0),
-        None => 0,
+    // The reference's 0 (its default) turns the cache off when set explicitly; unset, the
+    // backend decides (`Behaviour::local_cache_bytes`).
+    let local_cache_size_in_bytes = match flags.local_cache_bytes {
+        Some(bytes) => Some(u64::try_from(bytes).unwrap_or(u64::MAX)),
+        None => match env.int("LOCAL_CACHE_SIZE_IN_BYTES")? {
+            Some(n) if n < 0 => {
+                return Err(
+                    env.malformed("LOCAL_CACHE_SIZE_IN_BYTES", "a size in bytes, 0 or more")
+                );
+            }
+            Some(n) => Some(u64::try_from(n).unwrap_or(0)),
+            None => None,
+        },
     };
-    if local_cache_size_in_bytes > 0 {
-        notices.push(format!(
-            "LOCAL_CACHE_SIZE_IN_BYTES={local_cache_size_in_bytes}: the local over-limit cache is \
-             not in this build yet; every decision asks the backend"
-        ));
-    }
     Ok(Behaviour {
         near_limit_ratio,
         local_cache_size_in_bytes,
@@ -1265,6 +1287,19 @@ fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
 /// `GiB`, or `KB`, `MB`, `GB` in powers of ten; `K`, `M`, `G` are read as KiB, MiB, GiB), at
 /// least the memory backend's smallest budget.
 pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let bytes = parse_size(text)?;
+    if bytes < memory::MIN_BUDGET {
+        return Err(format!(
+            "{:?} is below the smallest memory budget, 1MiB",
+            text.trim()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Reads a size in bytes (`--local-cache-bytes`): a number with an optional unit, as
+/// [`parse_bytes`] reads it, 0 included.
+pub fn parse_size(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -1290,11 +1325,6 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
     let bytes = number
         .checked_mul(scale)
         .ok_or_else(|| format!("{text:?} is too large"))?;
-    if bytes < memory::MIN_BUDGET {
-        return Err(format!(
-            "{text:?} is below the smallest memory budget, 1MiB"
-        ));
-    }
     Ok(bytes)
 }
 

@@ -261,6 +261,42 @@ tollgate_testkit::cases! {
     shadow_limits_count_their_overs: exact;
     the_near_limit_ratio_moves_the_threshold: [memory];
     keys_follow_the_references_rules: [memory, redis];
+    local_cache_refusals_count_as_the_references_do: exact;
+}
+
+// With the local over-limit cache on, the first refusal comes from the store and the next ones
+// from the cache: the per-limit counts stay those of the reference's run, and the cache's
+// answers also count under the reference's `over_limit_with_local_cache` statistic (unmapped by
+// its default mapping, so named from the statsd name) and in tollgate's own series.
+async fn local_cache_refusals_count_as_the_references_do(t: &Target) {
+    let (backend, store) = t.counted_backend().await;
+    let limiter = Limiter::new(config(), backend, Settings::default());
+    let metrics = Metrics::new();
+    let codes = send_times(&limiter, &metrics, &one(&[("key2", "cached")]), 25).await;
+    assert_eq!(codes.iter().filter(|c| **c == Code::OverLimit).count(), 5);
+    assert_eq!(
+        store.hits(),
+        21,
+        "20 admitted and one refusal reached the store"
+    );
+    let text = metrics.render();
+    let labels = [("domain", "another"), ("key1", "key2")];
+    assert_eq!(
+        per_limit(&text, &labels),
+        [Some(25.0), Some(5.0), Some(4.0), Some(20.0), None],
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ratelimit_service_rate_limit_another_key2_over_limit_with_local_cache",
+            &[]
+        ),
+        Some(4.0),
+        "{text}"
+    );
+    let answers = sample(&text, "tollgate_local_cache_answers_total", &[]);
+    assert!(answers.is_some_and(|n| n >= 4.0), "{text}");
 }
 
 /// 50,000 distinct detailed_metric values against the default cap of 10,000: 10,000 series of

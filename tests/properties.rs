@@ -7,7 +7,8 @@
 //!   admitted hits alone, leaves room for it;
 //! - a rejected request consumes nothing; statuses stay within their limits;
 //! - two different descriptors never share a counter identity;
-//! - the memory backend never holds more than its budget.
+//! - the memory backend never holds more than its budget;
+//! - the local over-limit cache never refuses a hit the bare backend admits.
 
 use std::future::Future;
 use std::pin::pin;
@@ -15,8 +16,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use proptest::prelude::*;
+use tollgate::backend::local_cache::DEFAULT_BYTES;
 use tollgate::backend::memory::MIN_BUDGET;
-use tollgate::backend::{Backend, Hit, MemoryBackend, Receipt, Sharded};
+use tollgate::backend::{Backend, Hit, LocalCache, MemoryBackend, Receipt, Sharded};
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::config::Config;
 use tollgate::descriptor::{Descriptor, Entry, Request};
@@ -164,6 +166,88 @@ proptest! {
             now(backend.acquire(&[h]));
             let usage = backend.usage();
             prop_assert!(usage.bytes <= usage.budget, "{:?}", usage);
+        }
+    }
+}
+
+/// Plays `steps` on one limit against the memory backend with the local over-limit cache and
+/// against a bare one, on one clock; answers the decisions of each, in order, up to the first
+/// that differs (included).
+fn cached_and_bare(
+    algorithm: Algorithm,
+    limit: u64,
+    counting: Counting,
+    steps: &[Step],
+) -> Vec<(bool, bool)> {
+    let clock = ManualClock::new(START);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let cached = LocalCache::new(
+        MemoryBackend::with_clock(Arc::clone(&shared)),
+        Arc::clone(&shared),
+        DEFAULT_BYTES,
+    );
+    let bare = MemoryBackend::with_clock(shared);
+    let mut standing: Vec<(Receipt, Receipt)> = Vec::new();
+    let mut decisions = Vec::new();
+    for step in steps {
+        match step {
+            Step::Hit { after_ms, cost } => {
+                clock.advance(*after_ms);
+                let h = Hit {
+                    counting,
+                    ..hit("k", algorithm, limit, *cost)
+                };
+                let a = now(cached.acquire(std::slice::from_ref(&h)))
+                    .remove(0)
+                    .expect("memory decides");
+                let b = now(bare.acquire(std::slice::from_ref(&h)))
+                    .remove(0)
+                    .expect("memory decides");
+                decisions.push((a.verdict.admitted, b.verdict.admitted));
+                if a.verdict.admitted != b.verdict.admitted {
+                    break;
+                }
+                if let (Some(a), Some(b)) = (a.receipt, b.receipt) {
+                    standing.push((a, b));
+                }
+            }
+            Step::Refund { after_ms, which } => {
+                clock.advance(*after_ms);
+                if standing.is_empty() {
+                    continue;
+                }
+                let (a, b) = standing.remove(which % standing.len());
+                now(cached.release(&[a])).expect("memory releases");
+                now(bare.release(&[b])).expect("memory releases");
+            }
+        }
+    }
+    decisions
+}
+
+proptest! {
+    /// Where refused hits are not charged the cache changes no decision at all, refunds included.
+    #[test]
+    fn the_local_cache_decides_as_the_bare_backend(
+        log in any::<bool>(), limit in 0u64..20, steps in steps(20),
+    ) {
+        let algorithm = if log { Algorithm::SlidingWindowLog } else { Algorithm::SlidingWindowCounter };
+        for (step, (cached, bare)) in cached_and_bare(algorithm, limit, Counting::Admitted, &steps).into_iter().enumerate() {
+            prop_assert_eq!(cached, bare, "step {}", step);
+        }
+    }
+
+    /// Where every hit is charged the cache skips the charges of the refusals it answers, so it
+    /// may admit earlier than the bare backend; where the two first differ, the cache admits and
+    /// the bare backend refuses, never the other way round.
+    #[test]
+    fn the_local_cache_never_refuses_what_the_bare_backend_admits(
+        log in any::<bool>(), limit in 0u64..20, steps in steps(20),
+    ) {
+        let algorithm = if log { Algorithm::SlidingWindowLog } else { Algorithm::SlidingWindowCounter };
+        let decisions = cached_and_bare(algorithm, limit, Counting::All, &steps);
+        if let Some((cached, bare)) = decisions.last().filter(|(a, b)| a != b) {
+            prop_assert!(*cached && !*bare, "the cache refused what the backend admitted");
         }
     }
 }

@@ -239,23 +239,36 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     assert_eq!(hot_rows[0][5], "100%", "{hot_rows:?}");
     assert!(doc.contains("`shards: 8` over `shards: 1`"), "{doc}");
 
-    // attack: refusals on every backend; script calls counted on the Redis ones.
+    // attack: refusals on every backend, with the local cache on and off; script calls counted
+    // on the Redis ones, every refusal one call without the cache, fewer with it.
     let attack = records(&results, "attack");
     let attacks = of_kind(&attack, "run");
     for backend in ["memory", "redis", "redis-cluster"] {
-        let run = attacks
-            .iter()
-            .find(|r| r["backend"] == backend)
-            .unwrap_or_else(|| panic!("no attack run on {backend}"));
-        assert!(number(run, &["load", "over_limit"]) > 0.0, "{run}");
-        assert_eq!(run["limit"], 100);
-        assert_eq!(run["script_calls"].is_null(), backend == "memory", "{run}");
+        for cache in [true, false] {
+            let run = attacks
+                .iter()
+                .find(|r| r["backend"] == backend && r["local_cache"] == cache)
+                .unwrap_or_else(|| panic!("no attack run on {backend}, cache {cache}"));
+            assert!(number(run, &["load", "over_limit"]) > 0.0, "{run}");
+            assert_eq!(run["limit"], 100);
+            assert_eq!(run["script_calls"].is_null(), backend == "memory", "{run}");
+        }
     }
     let attack_rows = table_after(&doc, "### One key far over its limit");
-    assert_eq!(attack_rows.len(), 3, "{attack_rows:?}");
-    for row in &attack_rows[1..] {
-        let calls: f64 = row[5].parse().unwrap_or_else(|_| panic!("{row:?}"));
-        assert!(calls >= 0.0, "{row:?}");
+    assert_eq!(attack_rows.len(), 6, "{attack_rows:?}");
+    for pair in attack_rows[2..].chunks(2) {
+        let calls =
+            |row: &Vec<String>| -> f64 { row[6].parse().unwrap_or_else(|_| panic!("{row:?}")) };
+        assert_eq!(
+            (pair[0][1].as_str(), pair[1][1].as_str()),
+            ("on", "off"),
+            "{pair:?}"
+        );
+        assert!(
+            calls(&pair[1]) >= 0.99,
+            "every refusal is a call without the cache: {pair:?}"
+        );
+        assert!(calls(&pair[0]) < calls(&pair[1]), "{pair:?}");
     }
 
     // overload: every bound measured; refusals only where there is a bound.

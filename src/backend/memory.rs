@@ -240,7 +240,11 @@ impl MemoryBackend {
             }),
             _ => None,
         };
-        Outcome { verdict, receipt }
+        Outcome {
+            verdict,
+            receipt,
+            cached: false,
+        }
     }
 
     fn refund(&self, receipt: &Receipt) {

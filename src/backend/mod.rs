@@ -2,6 +2,7 @@
 //! nothing of descriptors, domains or YAML. Each hit is decided atomically on its own; the limiter
 //! combines the verdicts and gives back (releases) what a rejected request took.
 
+pub mod local_cache;
 pub mod memory;
 pub mod observe;
 pub mod per_second;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::window::{Algorithm, Cost, Counting, Verdict};
 
+pub use local_cache::LocalCache;
 pub use memory::MemoryBackend;
 pub use per_second::PerSecond;
 pub use redis::{ClusterBackend, RedisBackend};
@@ -47,6 +49,8 @@ pub struct Outcome {
     /// undo the charge. (A refused hit charged under [`Counting::All`] has none: nothing ever
     /// gives such a charge back.)
     pub receipt: Option<Receipt>,
+    /// Whether the local over-limit cache answered, without asking the store.
+    pub cached: bool,
 }
 
 /// Proof of one admitted charge, enough for the backend that issued it to undo it.

@@ -113,6 +113,8 @@ pub struct LimitReport {
     pub cost: u64,
     /// What the backend made of it.
     pub usage: Usage,
+    /// Whether the local over-limit cache refused it, without asking the store.
+    pub local_cache: bool,
 }
 
 impl LimitReport {
@@ -452,6 +454,7 @@ impl<B: Backend> Limiter<B> {
                     };
                     // Read in place: the receipts stay in `results` until a rejection needs them.
                     // A missing result (a backend answering fewer hits than asked) is a failure.
+                    let local_cache = matches!(results.get(*hit), Some(Ok(o)) if o.cached);
                     let (mut code, remaining, reset_ms, usage) = match results.get(*hit) {
                         Some(Ok(outcome)) => {
                             let verdict = outcome.verdict;
@@ -488,6 +491,7 @@ impl<B: Backend> Limiter<B> {
                         overridden: *overridden,
                         cost,
                         usage,
+                        local_cache,
                     });
                     if code == Code::OverLimit && limit.shadow_mode {
                         code = Code::Ok;

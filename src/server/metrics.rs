@@ -249,6 +249,7 @@ impl Metrics {
             config.hash.clone(),
         );
         crate::backend::observe::register(own);
+        crate::backend::local_cache::register(own);
         Metrics {
             registry,
             requests: ByCode::new(&requests, true),

@@ -111,19 +111,20 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 /// The per-limit statistics, in the order of [`PER_LIMIT`].
-const PER_LIMIT: [&str; 5] = [
+const PER_LIMIT: [&str; 6] = [
     "total_hits",
     "over_limit",
     "near_limit",
     "within_limit",
     "shadow_mode",
+    "over_limit_with_local_cache",
 ];
 
 /// The series of one stat key, each made at its first non-zero increment.
 #[derive(Debug, Default)]
 struct KeySeries {
     stat_key: String,
-    slots: [OnceLock<Option<Handle>>; 5],
+    slots: [OnceLock<Option<Handle>>; 6],
 }
 
 /// What one report adds to each per-limit statistic.
@@ -269,12 +270,16 @@ impl ReferenceStats {
             return;
         }
         let series = self.key_series(domain, report);
+        // A refusal the local over-limit cache answered also counts here, by its cost, as the
+        // reference counts the answers of its own local cache.
+        let local_cache = if report.local_cache { report.cost } else { 0 };
         let values = [
             inc.total_hits,
             inc.over_limit,
             inc.near_limit,
             inc.within_limit,
             inc.shadow_mode,
+            local_cache,
         ];
         for (slot, (stat, value)) in series.slots.iter().zip(PER_LIMIT.iter().zip(values)) {
             if value == 0 {

@@ -549,3 +549,53 @@ fn the_references_behaviour_switches_apply() {
         "{e}"
     );
 }
+
+#[test]
+fn the_local_cache_is_on_for_memory_off_for_redis_unless_set() {
+    use crate::backend::local_cache::DEFAULT_BYTES;
+    let memory = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();
+    assert_eq!(memory.behaviour.local_cache_size_in_bytes, None);
+    assert_eq!(
+        memory.behaviour.local_cache_bytes(&memory.backend.store),
+        DEFAULT_BYTES
+    );
+    let redis = resolve(Entry::Reference, &Flags::default(), &[]).unwrap();
+    assert_eq!(redis.behaviour.local_cache_bytes(&redis.backend.store), 0);
+
+    // The reference's variable, 0 included, and the flag over it.
+    let set = |vars: &[(&str, &str)], flag: Option<usize>| {
+        let flags = Flags {
+            local_cache_bytes: flag,
+            ..config_flag()
+        };
+        let settings = resolve(Entry::Tollgate, &flags, vars).unwrap();
+        settings
+            .behaviour
+            .local_cache_bytes(&settings.backend.store)
+    };
+    assert_eq!(set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "0")], None), 0);
+    assert_eq!(set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "65536")], None), 65_536);
+    assert_eq!(
+        set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "65536")], Some(1 << 20)),
+        1 << 20
+    );
+    assert_eq!(set(&[], Some(0)), 0);
+    let redis_on = resolve(
+        Entry::Reference,
+        &Flags::default(),
+        &[("LOCAL_CACHE_SIZE_IN_BYTES", "1000000")],
+    )
+    .unwrap();
+    assert_eq!(
+        redis_on
+            .behaviour
+            .local_cache_bytes(&redis_on.backend.store),
+        1_000_000
+    );
+    assert!(
+        error(Entry::Tollgate, &[("LOCAL_CACHE_SIZE_IN_BYTES", "-1")])
+            .contains("LOCAL_CACHE_SIZE_IN_BYTES")
+    );
+    assert_eq!(parse_size("0"), Ok(0));
+    assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+}

@@ -3,9 +3,12 @@
 //! make the compositions the tests need ([`ForceShards`], [`ClockedRedis`]).
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate::backend::{
-    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, RedisBackend, SustainedFailure,
+    AnyBackend, Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, RedisBackend, ShardKeys,
+    SustainedFailure,
 };
 use tollgate::clock::{Clock, ManualClock};
 
@@ -205,5 +208,118 @@ impl Backend for ClockedRedis {
 
     fn failing_since(&self) -> Option<SustainedFailure> {
         self.inner.failing_since()
+    }
+}
+
+impl ShardKeys for ClockedRedis {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        self.inner.shard_key(key, shard, shards)
+    }
+}
+
+/// A store that can be told the time: memory on a manual clock, or one Redis server whose
+/// scripts take the instant with each call.
+#[derive(Debug)]
+pub enum ClockedStore {
+    /// Process memory.
+    Memory(AnyBackend),
+    /// One Redis server.
+    Redis(ClockedRedis),
+}
+
+impl Backend for ClockedStore {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        match self {
+            ClockedStore::Memory(b) => b.acquire(hits).await,
+            ClockedStore::Redis(b) => b.acquire(hits).await,
+        }
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        match self {
+            ClockedStore::Memory(b) => b.release(receipts).await,
+            ClockedStore::Redis(b) => b.release(receipts).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        match self {
+            ClockedStore::Memory(b) => b.ping().await,
+            ClockedStore::Redis(b) => b.ping().await,
+        }
+    }
+}
+
+impl ShardKeys for ClockedStore {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        match self {
+            ClockedStore::Memory(b) => b.shard_key(key, shard, shards),
+            ClockedStore::Redis(b) => b.shard_key(key, shard, shards),
+        }
+    }
+}
+
+/// A store that counts the hits it is asked to decide: placed below the local over-limit
+/// cache, it shows which decisions reached the store. Clones share the store and the count.
+#[derive(Debug)]
+pub struct CountCalls<B = AnyBackend> {
+    inner: Arc<B>,
+    hits: Arc<AtomicU64>,
+}
+
+impl<B> Clone for CountCalls<B> {
+    fn clone(&self) -> Self {
+        CountCalls {
+            inner: Arc::clone(&self.inner),
+            hits: Arc::clone(&self.hits),
+        }
+    }
+}
+
+impl<B> CountCalls<B> {
+    /// Counts the hits `inner` decides.
+    pub fn new(inner: B) -> Self {
+        CountCalls {
+            inner: Arc::new(inner),
+            hits: Arc::default(),
+        }
+    }
+
+    /// Hits decided by the store so far.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl<B: Backend> Backend for CountCalls<B> {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        self.hits.fetch_add(hits.len() as u64, Ordering::SeqCst);
+        self.inner.acquire(hits).await
+    }
+
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        self.inner.release(receipts).await
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        self.inner.ping().await
+    }
+
+    async fn maintain(&self) {
+        self.inner.maintain().await
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        self.inner.memory_usage()
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.inner.failing_since()
+    }
+}
+
+impl<B: ShardKeys> ShardKeys for CountCalls<B> {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        self.inner.shard_key(key, shard, shards)
     }
 }

@@ -16,12 +16,16 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::backend::{AnyBackend, ClusterBackend, MemoryBackend, RedisBackend, Sharded};
-use tollgate::clock::ManualClock;
+use tollgate::backend::local_cache::DEFAULT_BYTES;
+use tollgate::backend::{
+    AnyBackend, Backend, ClusterBackend, LocalCache, MemoryBackend, RedisBackend, ShardKeys,
+    Sharded,
+};
+use tollgate::clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 use tollgate::config::Config;
 use tollgate::limiter::{Limiter, Settings};
 
-use crate::backends::{ClockedRedis, ForceShards, TestBackend};
+use crate::backends::{ClockedRedis, ClockedStore, CountCalls, ForceShards, TestBackend};
 use crate::net::closed_addr;
 use crate::redis::{RedisCluster, RedisServer, unique_prefix};
 
@@ -67,11 +71,21 @@ impl Store {
 /// How the backend stack is composed above the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// As `tollgate serve` runs it: `Sharded<AnyBackend>` (limits with `shards` split, others
-    /// untouched).
+    /// As `tollgate serve` runs it: `Sharded<LocalCache<AnyBackend>>` (limits with `shards`
+    /// split, others untouched; the local over-limit cache below sharding, on by default for
+    /// memory and off for Redis, as `tollgate serve` has it).
     Plain,
     /// Every limit split over at least [`FORCED_SHARDS`] shards.
     Sharded,
+}
+
+/// Whether a stack has the local over-limit cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cached {
+    /// As `tollgate serve` has it by default: on for memory, off for Redis.
+    Default,
+    /// On, whatever the store.
+    On,
 }
 
 /// A server a target uses: the binary's shared one, or one of its own.
@@ -194,7 +208,36 @@ impl Target {
 
     /// A new backend instance on the store whose calls time out after `timeout`.
     pub async fn backend_with_timeout(&self, timeout: Duration) -> TestBackend {
-        let stack = Sharded::new(self.store.connect(&self.prefix, timeout).await);
+        self.compose(
+            self.store.connect(&self.prefix, timeout).await,
+            Cached::Default,
+        )
+        .await
+    }
+
+    /// A new backend instance with the local over-limit cache on (whatever the store), and a
+    /// count of the hits that got past the cache to the store.
+    pub async fn counted_backend(&self) -> (TestBackend, CountCalls) {
+        let counted = CountCalls::new(self.store.connect(&self.prefix, CALL_TIMEOUT).await);
+        (self.compose(counted.clone(), Cached::On).await, counted)
+    }
+
+    /// The stack `tollgate serve` builds over `store`: the local cache (timed as it is there)
+    /// below sharding, and this target's mode above.
+    async fn compose<B: Backend + ShardKeys>(&self, store: B, cached: Cached) -> TestBackend {
+        let bytes = match (cached, &self.store) {
+            (Cached::On, _) | (Cached::Default, Store::Memory) => DEFAULT_BYTES,
+            (Cached::Default, _) => 0,
+        };
+        let cache = match self.store {
+            Store::Memory => LocalCache::new(store, Arc::new(SystemClock), bytes),
+            _ => LocalCache::new(store, Arc::new(MonotonicClock::new()), bytes),
+        };
+        self.moded(Sharded::new(cache))
+    }
+
+    /// `stack` under this target's mode.
+    fn moded(&self, stack: impl Backend) -> TestBackend {
         match self.mode {
             Mode::Plain => TestBackend::new(self.name, stack),
             Mode::Sharded => TestBackend::new(self.name, ForceShards::new(stack, FORCED_SHARDS)),
@@ -206,25 +249,40 @@ impl Target {
         Limiter::new(config, self.backend().await, settings)
     }
 
-    /// A new backend instance whose windows are decided at the instants `clock` reads. Only
-    /// memory and a single Redis server can be told the time.
+    /// A new backend instance whose windows are decided at the instants `clock` reads, with the
+    /// local over-limit cache on that clock. Only memory and a single Redis server can be told
+    /// the time.
     pub async fn clocked_backend(&self, clock: &ManualClock) -> TestBackend {
-        assert_eq!(self.mode, Mode::Plain, "{}: no clocked mode", self.name);
-        match &self.store {
-            Store::Memory => TestBackend::new(
-                self.name,
-                Sharded::new(AnyBackend::Memory(MemoryBackend::with_clock(Arc::new(
-                    clock.clone(),
-                )))),
-            ),
+        self.clocked(clock, DEFAULT_BYTES).await.0
+    }
+
+    /// [`Target::clocked_backend`] with the cache's budget (0: no cache) and a count of the hits
+    /// that got past the cache to the store; under a key prefix of its own when uncached.
+    pub async fn clocked(
+        &self,
+        clock: &ManualClock,
+        cache_bytes: u64,
+    ) -> (TestBackend, CountCalls<ClockedStore>) {
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let counted = match &self.store {
+            Store::Memory => CountCalls::new(ClockedStore::Memory(AnyBackend::Memory(
+                MemoryBackend::with_clock(Arc::clone(&shared)),
+            ))),
             Store::Redis(url) => {
-                let redis = RedisBackend::connect(url, &self.prefix, CALL_TIMEOUT)
+                let prefix = if cache_bytes == 0 {
+                    format!("{}bare:", self.prefix)
+                } else {
+                    self.prefix.clone()
+                };
+                let redis = RedisBackend::connect(url, &prefix, CALL_TIMEOUT)
                     .await
                     .unwrap_or_else(|err| panic!("redis backend on {url}: {err}"));
-                TestBackend::new(self.name, ClockedRedis::new(redis, clock.clone()))
+                CountCalls::new(ClockedStore::Redis(ClockedRedis::new(redis, clock.clone())))
             }
             Store::Cluster(_) => panic!("{}: a cluster reads its own clock", self.name),
-        }
+        };
+        let stack = Sharded::new(LocalCache::new(counted.clone(), shared, cache_bytes));
+        (self.moded(stack), counted)
     }
 
     /// The same kind of store and mode on servers of its own, for a test that stops or flushes

@@ -9,7 +9,10 @@
 //! (`redis` is also the start of `redis_cluster`; add `-- --exact` with the full path to run the
 //! single-server one alone.)
 //!
-//! Three groups:
+//! Every target runs with the local over-limit cache on, as `tollgate serve` does; the
+//! [`cache`] group proves it exact.
+//!
+//! Four groups:
 //! - [`limiter`]: requests in, decisions out, on the wall clock: the assertions do not depend on
 //!   the instant (hour- and day-long windows, reset times within ranges, exact where the window
 //!   makes them exact);
@@ -22,6 +25,7 @@
 //! has a key prefix of its own, and the few cases that stop their store get private servers.
 
 mod backend;
+mod cache;
 mod clocked;
 mod limiter;
 mod support;

@@ -4,8 +4,9 @@
 //! The limit is small, so the warmup fills it and almost every measured call is refused. What
 //! matters is what a refusal costs: decisions per second, tollgate's CPU per decision and, on the
 //! Redis backends, how many script calls each refused decision makes (from `INFO commandstats`,
-//! reset before every run). Without a local record of what is over its limit, every refusal is
-//! one script call; a cache of OVER_LIMIT answers brings that towards zero.
+//! reset before every run). Every backend runs with tollgate's local over-limit cache on
+//! (`--local-cache-bytes 8MiB`) and off (`0`) in the same run: without the cache every refusal is
+//! one script call; with it, about one per entry's lifetime.
 //!
 //! tollgate runs with `--failure-mode allow` here, so a backend call that failed shows as an
 //! admitted hit instead of hiding among the refusals.
@@ -48,6 +49,11 @@ pub struct AttackOptions {
     /// HTTP/2 connections of the load generator (the attacker's clients).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub connections: u32,
+
+    /// Whether tollgate's local over-limit cache is on, for each backend: `true`, `false`, or
+    /// both (comma-separated, each a point of its own).
+    #[arg(long = "local-cache", value_delimiter = ',', default_values_t = [true, false])]
+    pub local_cache: Vec<bool>,
 }
 
 /// The `attack` scenario.
@@ -67,6 +73,9 @@ impl Attack {
 pub struct AttackRun {
     /// Where the counters live.
     pub backend: Backend,
+    /// Whether the local over-limit cache was on.
+    #[serde(default = "on")]
+    pub local_cache: bool,
     /// Run number, from 1.
     pub run: u32,
     /// The limit's algorithm.
@@ -85,6 +94,10 @@ pub struct AttackRun {
     pub tollgate_cpu_seconds: f64,
     /// CPU seconds of all Redis processes.
     pub redis_cpu_seconds: f64,
+}
+
+fn on() -> bool {
+    true
 }
 
 impl AttackRun {
@@ -108,9 +121,18 @@ impl Scenario for Attack {
     fn run(&self, bench: &mut Bench) -> anyhow::Result<()> {
         let options = &self.options;
         let policy = policy(&[(KEY.to_owned(), options.algorithm, options.limit, 1)]);
-        for &backend in &options.backends {
+        let points = options.backends.iter().flat_map(|&backend| {
+            options
+                .local_cache
+                .iter()
+                .map(move |&cache| (backend, cache))
+        });
+        for (backend, local_cache) in points {
             bench.servers.ensure(backend);
-            let stand = Stand::start(&bench.servers, backend, &policy, "allow")?;
+            // Said either way: the default depends on the backend (on for memory only).
+            let bytes = if local_cache { "8MiB" } else { "0" };
+            let extra = vec!["--local-cache-bytes".to_owned(), bytes.to_owned()];
+            let stand = Stand::start_with(&bench.servers, backend, &policy, "allow", &extra)?;
             let connections = bench
                 .loader
                 .connect(&[stand.grpc_addr()], options.connections)?;
@@ -146,6 +168,7 @@ impl Scenario for Attack {
                 };
                 let result = AttackRun {
                     backend,
+                    local_cache,
                     run,
                     algorithm: options.algorithm,
                     limit: options.limit,
@@ -156,11 +179,12 @@ impl Scenario for Attack {
                     tollgate_cpu_seconds: after.0 - before.0,
                     redis_cpu_seconds: after.1 - before.1,
                 };
+                let cache = if local_cache { "cache on" } else { "cache off" };
                 say(&format!(
-                    "  attack {backend} run {run}: {}/s, {} refused, {} script calls per refusal, errors {}",
+                    "  attack {backend} ({cache}) run {run}: {}/s, {} refused, {} script calls per refusal, errors {}",
                     count(Some(result.load.decisions_per_second)),
                     percent(result.rejected_share()),
-                    fixed(result.calls_per_rejection(), 2),
+                    fixed(result.calls_per_rejection(), 4),
                     result.load.errors
                 ));
                 bench.records.record("run", &result)?;
@@ -181,11 +205,16 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let Some(first) = runs.first() else {
         bail!("the attack results hold no run");
     };
-    let backends = distinct(runs.iter().map(|run| run.backend));
-    let of = |backend: Backend| -> Vec<&AttackRun> {
-        runs.iter().filter(|r| r.backend == backend).collect()
+    let points = distinct(runs.iter().map(|run| (run.backend, run.local_cache)));
+    let of = |point: (Backend, bool)| -> Vec<&AttackRun> {
+        runs.iter()
+            .filter(|r| (r.backend, r.local_cache) == point)
+            .collect()
     };
-    let rate = |backend: Backend| median(of(backend).iter().map(|r| r.load.decisions_per_second));
+    let rate =
+        |point: (Backend, bool)| median(of(point).iter().map(|r| r.load.decisions_per_second));
+    let calls =
+        |point: (Backend, bool)| median(of(point).iter().filter_map(|r| r.calls_per_rejection()));
 
     let mut out = String::new();
     let _ = writeln!(out, "### One key far over its limit\n");
@@ -195,8 +224,9 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          loop by {} calls in flight over {} HTTP/2 connections; the warmup spends the limit, so \
          nearly every measured call is refused. *Script calls per refusal*: `evalsha` and `eval` \
          calls the Redis masters served during the run (from `INFO commandstats`) over the \
-         refused decisions. tollgate runs with `--failure-mode allow`, so a failed backend call \
-         would show among the admitted.\n",
+         refused decisions. Each backend runs with tollgate's local over-limit cache on \
+         (`--local-cache-bytes 8MiB`) and off (`0`). tollgate runs with `--failure-mode allow`, \
+         so a failed backend call would show among the admitted.\n",
         measured(&conditions),
         first.limit,
         first.algorithm.name(),
@@ -205,6 +235,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     );
     let mut table = Table::new(&[
         ("backend", Align::Left),
+        ("local cache", Align::Left),
         ("decisions/s", Align::Right),
         ("min–max", Align::Right),
         ("refused", Align::Right),
@@ -216,19 +247,18 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ("p99 ms", Align::Right),
         ("errors", Align::Right),
     ]);
-    for &backend in &backends {
-        let runs = of(backend);
+    for &point in &points {
+        let (backend, local_cache) = point;
+        let runs = of(point);
         let is_memory = backend == Backend::Memory;
         table.row(vec![
             backend.to_string(),
-            count(rate(backend)),
+            if local_cache { "on" } else { "off" }.to_owned(),
+            count(rate(point)),
             count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
             percent(median(runs.iter().filter_map(|r| r.rejected_share()))),
             runs.iter().map(|r| r.load.ok).sum::<u64>().to_string(),
-            fixed(
-                median(runs.iter().filter_map(|r| r.calls_per_rejection())),
-                2,
-            ),
+            fixed(calls(point), 4),
             fixed(
                 median(
                     runs.iter()
@@ -256,24 +286,36 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ]);
     }
     out.push_str(&table.render());
-    if backends.contains(&Backend::Memory) {
-        let others: Vec<String> = backends
+    let mut notes = Vec::new();
+    let memory = (Backend::Memory, true);
+    if points.contains(&memory) {
+        for &point in points
             .iter()
-            .filter(|b| **b != Backend::Memory)
-            .map(|&b| {
-                format!(
-                    "memory ÷ {b} {}",
-                    times(ratio(rate(Backend::Memory), rate(b)))
-                )
-            })
-            .collect();
-        if !others.is_empty() {
-            let _ = writeln!(
-                out,
-                "\nDecisions/s under attack, same run: {}.",
-                others.join(", ")
-            );
+            .filter(|(b, cache)| *b != Backend::Memory && *cache)
+        {
+            notes.push(format!(
+                "{} ÷ memory {}",
+                point.0,
+                times(ratio(rate(point), rate(memory)))
+            ));
         }
+    }
+    for &(backend, _) in points.iter().filter(|(_, cache)| *cache) {
+        let (on, off) = ((backend, true), (backend, false));
+        if backend != Backend::Memory && points.contains(&off) {
+            notes.push(format!(
+                "{backend} script calls per refusal {} with the cache off, {} with it on",
+                fixed(calls(off), 4),
+                fixed(calls(on), 4)
+            ));
+        }
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nDecisions/s under attack with the cache on, and the cache's saving, same run: {}.",
+            notes.join("; ")
+        );
     }
     Ok(out)
 }

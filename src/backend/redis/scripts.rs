@@ -238,7 +238,11 @@ impl Call<'_> {
             }),
             _ => None,
         };
-        Ok(Outcome { verdict, receipt })
+        Ok(Outcome {
+            verdict,
+            receipt,
+            cached: false,
+        })
     }
 }
 

@@ -1,0 +1,761 @@
+//! The local over-limit cache: a refused hit tells this instance the earliest instant the same hit
+//! could be admitted, and until then the same window answers the same (or a larger) cost
+//! OVER_LIMIT from process memory, with no backend call. Under attack (one key far over its
+//! limit) almost every decision is then a lookup.
+//!
+//! It never refuses a hit the backend would admit, but for the two cases below. Why (the full
+//! argument is in docs/local-cache.md):
+//! - Without other traffic, a window's usage only goes down as time passes, so admission is
+//!   monotone in time: the backend's `reset_ms` of a refusal is the earliest instant `T` the same
+//!   hit fits, and every instant before `T` refuses it. Other traffic (this or another instance)
+//!   only adds usage, so it only moves `T` later.
+//! - Admission is monotone in cost too, so a cost at least the refused one is refused until `T`.
+//! - The entry's instant is the clock reading taken *before* the backend call plus `reset_ms`:
+//!   the backend decided at or after that reading, so the entry never outlives `T`.
+//! - An entry is keyed by the storage key and everything else that decides the answer (limit,
+//!   window, algorithm): a reload that changes the limit misses the entry.
+//! - A release (the limiter giving back a rejected request's charges) lowers usage: it drops the
+//!   entries of the windows it refunds, and a refusal whose backend call overlapped a release of
+//!   its window is not cached.
+//!
+//! Two cases answer from state the backend no longer holds, until the entry's instant at most:
+//! the backend losing its data (a Redis restart or flush, the memory backend evicting a live
+//! window under its budget), and a refund made by *another* instance after the refusal was seen
+//! here. The second is why `tollgate serve` turns the cache on by default only in front of the
+//! memory backend, which no other instance shares.
+//!
+//! Under [`Counting::All`] the backend would have charged every refused hit; answering locally
+//! skips those charges (as envoyproxy/ratelimit's local cache does), which can only make the
+//! backend admit earlier, never refuse more.
+//!
+//! Place it below sharding ([`super::Sharded`] over this): its entries are per shard window, so
+//! a sharded limit is answered locally only when each shard it tries is known full.
+//!
+//! Memory is bounded: the entries' table and keys never exceed the byte budget. When full,
+//! expired entries go first, then the eighth that expires soonest; losing an entry only loses
+//! the saving, never correctness.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use hashbrown::HashMap;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::backend::{
+    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, ShardKeys, SustainedFailure,
+};
+use crate::clock::Clock;
+use crate::window::{self, Algorithm, Cost, Verdict};
+
+/// The cache's budget when it is on and no budget is given.
+pub const DEFAULT_BYTES: u64 = 8 << 20;
+
+/// Independent parts of the table, each behind its own lock, so concurrent decisions on
+/// different windows rarely wait for each other.
+const STRIPES: usize = 16;
+
+/// What the cache knows about one refused window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    algorithm: Algorithm,
+    limit: u64,
+    window_ms: u64,
+    /// The smallest cost refused (a larger one cannot fit where it did not).
+    cost: u64,
+    /// The earliest instant (the cache clock's milliseconds) the refused cost could be admitted.
+    until_ms: u64,
+    /// What the refusal reported as left (what a smaller hit could use then).
+    remaining: u64,
+}
+
+impl Entry {
+    /// Whether this entry answers `hit` (of `units`) at `now_ms`.
+    fn answers(&self, hit: &Hit, units: u64, now_ms: u64) -> bool {
+        now_ms < self.until_ms
+            && units >= self.cost
+            && self.algorithm == hit.algorithm
+            && self.limit == hit.limit
+            && self.window_ms == hit.window_ms
+    }
+}
+
+/// One lock's share of the table.
+#[derive(Debug)]
+struct Stripe {
+    entries: HashMap<Box<str>, Entry, RandomState>,
+    /// Bytes of the keys held (the table's own allocation is asked of the table).
+    key_bytes: usize,
+    /// The most entries the table holds (0 until it is allocated).
+    max_entries: usize,
+    /// Bumped by every release of a window of this stripe, before and after the refund reaches
+    /// the backend: a refusal decided while a refund was under way is not cached.
+    releases: u64,
+}
+
+impl Stripe {
+    fn bytes(&self) -> usize {
+        self.entries.allocation_size() + self.key_bytes
+    }
+
+    fn remove(&mut self, key: &str) -> bool {
+        match self.entries.remove(key) {
+            Some(_) => {
+                self.key_bytes -= key.len();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every entry whose instant has passed; answers how many.
+    fn sweep(&mut self, now_ms: u64) -> usize {
+        let before = self.entries.len();
+        let mut freed = 0;
+        self.entries.retain(|key, entry| {
+            let keep = entry.until_ms > now_ms;
+            if !keep {
+                freed += key.len();
+            }
+            keep
+        });
+        self.key_bytes -= freed;
+        before - self.entries.len()
+    }
+
+    /// Drops the eighth of the entries (at least one) that expire soonest; answers how many.
+    fn evict_soonest(&mut self) -> usize {
+        let mut instants: Vec<u64> = self.entries.values().map(|e| e.until_ms).collect();
+        if instants.is_empty() {
+            return 0;
+        }
+        let nth = instants.len() / 8;
+        let (_, cut, _) = instants.select_nth_unstable(nth);
+        let cut = *cut;
+        let before = self.entries.len();
+        let mut freed = 0;
+        self.entries.retain(|key, entry| {
+            let keep = entry.until_ms > cut;
+            if !keep {
+                freed += key.len();
+            }
+            keep
+        });
+        self.key_bytes -= freed;
+        before - self.entries.len()
+    }
+
+    /// Whether one more entry with a key of `key_len` bytes fits `budget`, the table as it is.
+    fn has_room(&self, key_len: usize, budget: usize) -> bool {
+        self.entries.len() < self.max_entries && self.bytes() + key_len <= budget
+    }
+
+    /// Allocates the table once, at the first entry: as many buckets as half of `budget` holds
+    /// (a power of two), of which at most half are ever used. A table at most half full never
+    /// grows, whatever its deleted slots, so its allocation stays what was counted.
+    fn allocate(&mut self, budget: usize) {
+        if self.entries.capacity() > 0 || self.max_entries > 0 {
+            return;
+        }
+        let mut buckets = 1usize << (usize::BITS - 1);
+        while buckets > 1 && buckets.saturating_mul(SLOT_BYTES).saturating_add(64) > budget / 2 {
+            buckets /= 2;
+        }
+        if buckets < 8 {
+            return;
+        }
+        self.entries.reserve(buckets / 8 * 7);
+        if self.entries.allocation_size() > budget / 2 {
+            self.entries = HashMap::with_hasher(self.entries.hasher().clone());
+            return;
+        }
+        self.max_entries = buckets / 2;
+    }
+}
+
+/// The bytes one bucket of the table takes: the key's box, the entry, one control byte.
+const SLOT_BYTES: usize = std::mem::size_of::<(Box<str>, Entry)>() + 1;
+
+/// The process-wide metrics of the cache (one cache per process in practice; tests make more
+/// and share these).
+#[derive(Debug, Default)]
+struct Metrics {
+    answers: Counter,
+    stored: Counter,
+    evictions: Counter,
+    entries: Gauge,
+    bytes: Gauge,
+}
+
+fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::default)
+}
+
+/// Adds the cache's metrics to `registry` (whose prefix the names get).
+pub fn register(registry: &mut Registry) {
+    let m = metrics();
+    registry.register(
+        "local_cache_answers",
+        "Hits refused by the local over-limit cache without a backend call",
+        m.answers.clone(),
+    );
+    registry.register(
+        "local_cache_stored",
+        "Backend refusals stored in the local over-limit cache",
+        m.stored.clone(),
+    );
+    registry.register(
+        "local_cache_evictions",
+        "Live local over-limit cache entries dropped to stay within its byte budget",
+        m.evictions.clone(),
+    );
+    registry.register(
+        "local_cache_entries",
+        "Entries held by the local over-limit cache, expired ones not yet swept included",
+        m.entries.clone(),
+    );
+    registry.register(
+        "local_cache_bytes",
+        "Bytes held by the local over-limit cache (its tables and keys)",
+        m.bytes.clone(),
+    );
+}
+
+/// A backend that answers known refusals from memory until the backend could admit them.
+pub struct LocalCache<B> {
+    inner: B,
+    clock: Arc<dyn Clock>,
+    /// Bytes each stripe may hold.
+    stripe_budget: usize,
+    stripes: Box<[Mutex<Stripe>]>,
+    hasher: RandomState,
+    /// Hits answered here, by this instance (for tests and benchmarks).
+    answered: AtomicU64,
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for LocalCache<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCache")
+            .field("inner", &self.inner)
+            .field("budget", &(self.stripe_budget * STRIPES))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> LocalCache<B> {
+    /// Caches `inner`'s refusals in at most `bytes` bytes (0: off, every hit goes to `inner`),
+    /// timed by `clock`. Give it the clock `inner` decides by when there is one in this process
+    /// (the memory backend's, or the one a test tells Redis); for a backend that reads a clock of
+    /// its own (Redis reads `TIME`), a monotonic clock, since only durations are carried over.
+    pub fn new(inner: B, clock: Arc<dyn Clock>, bytes: u64) -> Self {
+        LocalCache {
+            inner,
+            clock,
+            stripe_budget: usize::try_from(bytes).unwrap_or(usize::MAX) / STRIPES,
+            stripes: (0..STRIPES)
+                .map(|_| {
+                    Mutex::new(Stripe {
+                        entries: HashMap::with_hasher(RandomState::new()),
+                        key_bytes: 0,
+                        max_entries: 0,
+                        releases: 0,
+                    })
+                })
+                .collect(),
+            hasher: RandomState::new(),
+            answered: AtomicU64::new(0),
+        }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    /// Hits this cache has refused without asking the backend.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Entries and bytes held now.
+    pub fn held(&self) -> (usize, usize) {
+        let mut entries = 0;
+        let mut bytes = 0;
+        for stripe in self.stripes.iter() {
+            let stripe = lock(stripe);
+            entries += stripe.entries.len();
+            bytes += stripe.bytes();
+        }
+        (entries, bytes)
+    }
+
+    fn stripe_of(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) % STRIPES as u64) as usize
+    }
+
+    /// The cached refusal of `hit` at `now_ms`, if any.
+    fn lookup(&self, hit: &Hit, now_ms: u64) -> Option<Outcome> {
+        let Cost::Consume(units) = window::normalize_cost(hit.cost) else {
+            // Checks consume nothing and are refused only above the limit: always asked.
+            return None;
+        };
+        let stripe = lock(&self.stripes[self.stripe_of(&hit.key)]);
+        let entry = stripe.entries.get(hit.key.as_str())?;
+        if !entry.answers(hit, units, now_ms) {
+            return None;
+        }
+        Some(Outcome {
+            verdict: Verdict {
+                admitted: false,
+                remaining: entry.remaining,
+                reset_ms: (entry.until_ms - now_ms).max(1),
+            },
+            receipt: None,
+            cached: true,
+        })
+    }
+
+    /// Stores the backend's refusal of `hit`, decided no earlier than `before_ms`, unless a
+    /// release of its stripe happened since `releases` was read.
+    fn store(&self, hit: &Hit, verdict: &Verdict, before_ms: u64, releases: u64) {
+        let Cost::Consume(units) = window::normalize_cost(hit.cost) else {
+            return;
+        };
+        let until_ms = before_ms.saturating_add(verdict.reset_ms);
+        if until_ms <= self.clock.now_ms() {
+            return;
+        }
+        let entry = Entry {
+            algorithm: hit.algorithm,
+            limit: hit.limit,
+            window_ms: hit.window_ms,
+            cost: units,
+            until_ms,
+            remaining: verdict.remaining,
+        };
+        let m = metrics();
+        let mut stripe = lock(&self.stripes[self.stripe_of(&hit.key)]);
+        if stripe.releases != releases {
+            return;
+        }
+        if let Some(held) = stripe.entries.get_mut(hit.key.as_str()) {
+            let dominated = held.algorithm == entry.algorithm
+                && held.limit == entry.limit
+                && held.window_ms == entry.window_ms
+                && held.cost <= entry.cost
+                && held.until_ms >= entry.until_ms;
+            if !dominated {
+                *held = entry;
+                m.stored.inc();
+            }
+            return;
+        }
+        let key: Box<str> = hit.key.as_str().into();
+        let (bytes_before, len_before) = (stripe.bytes(), stripe.entries.len());
+        let mut swept = false;
+        let mut evicted = 0;
+        stripe.allocate(self.stripe_budget);
+        let fits = loop {
+            if stripe.has_room(key.len(), self.stripe_budget) {
+                break true;
+            }
+            if !swept {
+                swept = true;
+                if stripe.sweep(self.clock.now_ms()) > 0 {
+                    continue;
+                }
+            }
+            match stripe.evict_soonest() {
+                // Even an empty stripe cannot hold this key: not cached.
+                0 => break false,
+                dropped => evicted += dropped,
+            }
+        };
+        if fits {
+            stripe.key_bytes += key.len();
+            stripe.entries.insert(key, entry);
+            m.stored.inc();
+        }
+        let (bytes_after, len_after) = (stripe.bytes(), stripe.entries.len());
+        drop(stripe);
+        m.evictions.inc_by(evicted as u64);
+        m.bytes.inc_by(bytes_after as i64 - bytes_before as i64);
+        m.entries.inc_by(len_after as i64 - len_before as i64);
+    }
+}
+
+/// Moves the process-wide gauges by what `stripe` changed since it held `bytes` in `len` entries.
+fn account(stripe: &Stripe, bytes: usize, len: usize) {
+    let m = metrics();
+    m.bytes.inc_by(stripe.bytes() as i64 - bytes as i64);
+    m.entries.inc_by(stripe.entries.len() as i64 - len as i64);
+}
+
+fn lock(stripe: &Mutex<Stripe>) -> MutexGuard<'_, Stripe> {
+    stripe
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<B: Backend> Backend for LocalCache<B> {
+    /// Hits with a live cached refusal are answered here; the rest go to the inner backend in one
+    /// call, and its refusals are remembered.
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        if self.stripe_budget == 0 {
+            return self.inner.acquire(hits).await;
+        }
+        let now_ms = self.clock.now_ms();
+        let mut results: Vec<Option<Result<Outcome, BackendError>>> = Vec::new();
+        let mut asked: Vec<usize> = Vec::new();
+        for (index, hit) in hits.iter().enumerate() {
+            match self.lookup(hit, now_ms) {
+                Some(outcome) => {
+                    if results.is_empty() {
+                        results.resize_with(hits.len(), || None);
+                    }
+                    results[index] = Some(Ok(outcome));
+                }
+                None => asked.push(index),
+            }
+        }
+        let local = hits.len() - asked.len();
+        if local > 0 {
+            self.answered.fetch_add(local as u64, Ordering::Relaxed);
+            metrics().answers.inc_by(local as u64);
+        }
+        if asked.is_empty() {
+            return results.into_iter().flatten().collect();
+        }
+
+        // What the release counters read before the call, per hit asked.
+        let releases: Vec<u64> = asked
+            .iter()
+            .map(|&index| lock(&self.stripes[self.stripe_of(&hits[index].key)]).releases)
+            .collect();
+        // The backend decides at or after this reading.
+        let before_ms = self.clock.now_ms();
+        let answers = if local == 0 {
+            self.inner.acquire(hits).await
+        } else {
+            let sub: Vec<Hit> = asked.iter().map(|&index| hits[index].clone()).collect();
+            self.inner.acquire(&sub).await
+        };
+        for ((&index, result), releases) in asked.iter().zip(&answers).zip(&releases) {
+            if let Ok(outcome) = result
+                && !outcome.verdict.admitted
+            {
+                self.store(&hits[index], &outcome.verdict, before_ms, *releases);
+            }
+        }
+        if local == 0 {
+            return answers;
+        }
+        let mut answers = answers.into_iter();
+        for &index in &asked {
+            results[index] = Some(answers.next().unwrap_or_else(|| {
+                Err(BackendError::Protocol(
+                    "backend answered fewer hits than it was asked".into(),
+                ))
+            }));
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result
+                    .unwrap_or_else(|| Err(BackendError::Protocol("a hit went unanswered".into())))
+            })
+            .collect()
+    }
+
+    /// Drops the entries of the refunded windows, before the refund and again once it is in the
+    /// backend, so that no refusal decided meanwhile outlives it here.
+    async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        if self.stripe_budget == 0 {
+            return self.inner.release(receipts).await;
+        }
+        self.forget(receipts);
+        let released = self.inner.release(receipts).await;
+        self.forget(receipts);
+        released
+    }
+
+    async fn ping(&self) -> Result<(), BackendError> {
+        self.inner.ping().await
+    }
+
+    /// Sweeps expired entries, then passes on.
+    async fn maintain(&self) {
+        let now_ms = self.clock.now_ms();
+        for stripe in self.stripes.iter() {
+            let mut stripe = lock(stripe);
+            let (bytes, len) = (stripe.bytes(), stripe.entries.len());
+            stripe.sweep(now_ms);
+            account(&stripe, bytes, len);
+        }
+        self.inner.maintain().await
+    }
+
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        self.inner.memory_usage()
+    }
+
+    fn failing_since(&self) -> Option<SustainedFailure> {
+        self.inner.failing_since()
+    }
+}
+
+impl<B> LocalCache<B> {
+    fn forget(&self, receipts: &[Receipt]) {
+        for receipt in receipts {
+            let mut stripe = lock(&self.stripes[self.stripe_of(&receipt.key)]);
+            stripe.releases = stripe.releases.wrapping_add(1);
+            let (bytes, len) = (stripe.bytes(), stripe.entries.len());
+            if stripe.remove(&receipt.key) {
+                account(&stripe, bytes, len);
+            }
+        }
+    }
+}
+
+impl<B: ShardKeys> ShardKeys for LocalCache<B> {
+    fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
+        self.inner.shard_key(key, shard, shards)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use super::*;
+    use crate::backend::MemoryBackend;
+    use crate::backend::memory::tests::one;
+    use crate::clock::ManualClock;
+    use crate::window::Counting;
+
+    const W: u64 = 10_000;
+    const BOTH: [Algorithm; 2] = [Algorithm::SlidingWindowCounter, Algorithm::SlidingWindowLog];
+
+    /// The memory backend, counting the hits it is asked to decide.
+    struct Counted {
+        memory: MemoryBackend,
+        hits: StdMutex<u64>,
+    }
+
+    impl Counted {
+        fn asked(&self) -> u64 {
+            *self.hits.lock().unwrap()
+        }
+    }
+
+    impl Backend for Counted {
+        async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+            *self.hits.lock().unwrap() += hits.len() as u64;
+            self.memory.acquire(hits).await
+        }
+
+        async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+            self.memory.release(receipts).await
+        }
+
+        async fn ping(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    fn cached_at(now_ms: u64, bytes: u64) -> (LocalCache<Counted>, ManualClock) {
+        let clock = ManualClock::new(now_ms);
+        let memory = MemoryBackend::with_clock(Arc::new(clock.clone()));
+        let counted = Counted {
+            memory,
+            hits: StdMutex::new(0),
+        };
+        (
+            LocalCache::new(counted, Arc::new(clock.clone()), bytes),
+            clock,
+        )
+    }
+
+    fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: u64) -> Hit {
+        Hit {
+            key: key.to_owned(),
+            algorithm,
+            limit,
+            window_ms: W,
+            cost: Cost::Consume(cost),
+            counting: Counting::Admitted,
+            shards: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_answered_locally_until_the_backend_would_admit_it() {
+        for algorithm in BOTH {
+            let (cache, clock) = cached_at(100 * W + 1_234, DEFAULT_BYTES);
+            let h = hit("k", algorithm, 3, 1);
+            for _ in 0..3 {
+                assert!(one(&cache, &h).await.verdict.admitted);
+                clock.advance(700);
+            }
+            let refused = one(&cache, &h).await.verdict;
+            assert!(!refused.admitted);
+            let asked = cache.inner().asked();
+            let admit_at = clock.now_ms() + refused.reset_ms;
+            // Until the instant: refused here, with the time left counting down.
+            while clock.now_ms() + 1 < admit_at {
+                clock.advance(((admit_at - clock.now_ms()) / 3).max(1));
+                let cached = one(&cache, &h).await.verdict;
+                if clock.now_ms() < admit_at {
+                    assert!(!cached.admitted, "{algorithm}");
+                    assert_eq!(cached.reset_ms, admit_at - clock.now_ms(), "{algorithm}");
+                    assert_eq!(cached.remaining, 0);
+                }
+            }
+            clock.set(admit_at - 1);
+            assert!(!one(&cache, &h).await.verdict.admitted);
+            assert_eq!(cache.inner().asked(), asked, "{algorithm}: no backend call");
+            // At the instant the backend is asked again, and admits.
+            clock.set(admit_at);
+            assert!(one(&cache, &h).await.verdict.admitted, "{algorithm}");
+            assert_eq!(cache.inner().asked(), asked + 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_same_limit_and_at_least_the_refused_cost_are_answered() {
+        for algorithm in BOTH {
+            let (cache, _clock) = cached_at(100 * W, DEFAULT_BYTES);
+            assert!(
+                one(&cache, &hit("k", algorithm, 10, 8))
+                    .await
+                    .verdict
+                    .admitted
+            );
+            assert!(
+                !one(&cache, &hit("k", algorithm, 10, 3))
+                    .await
+                    .verdict
+                    .admitted
+            );
+            let asked = cache.inner().asked();
+            // A larger cost: local.
+            assert!(
+                !one(&cache, &hit("k", algorithm, 10, 5))
+                    .await
+                    .verdict
+                    .admitted
+            );
+            assert_eq!(cache.inner().asked(), asked);
+            // A smaller cost may fit: asked, and admitted.
+            assert!(
+                one(&cache, &hit("k", algorithm, 10, 2))
+                    .await
+                    .verdict
+                    .admitted
+            );
+            assert_eq!(cache.inner().asked(), asked + 1);
+            // A raised limit (a reload): asked, and admitted.
+            assert!(
+                one(&cache, &hit("k", algorithm, 20, 3))
+                    .await
+                    .verdict
+                    .admitted
+            );
+            assert_eq!(cache.inner().asked(), asked + 2);
+            // A check is never answered here.
+            let mut check = hit("k", algorithm, 10, 3);
+            check.cost = Cost::CheckOnly;
+            one(&cache, &check).await;
+            assert_eq!(cache.inner().asked(), asked + 3);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_release_forgets_the_refusals_of_its_window() {
+        for algorithm in BOTH {
+            let (cache, _clock) = cached_at(100 * W, DEFAULT_BYTES);
+            let h = hit("k", algorithm, 2, 1);
+            let first = one(&cache, &h).await;
+            assert!(one(&cache, &h).await.verdict.admitted);
+            assert!(!one(&cache, &h).await.verdict.admitted);
+            assert_eq!(cache.held().0, 1);
+            cache.release(&[first.receipt.unwrap()]).await.unwrap();
+            assert_eq!(cache.held().0, 0);
+            assert!(one(&cache, &h).await.verdict.admitted, "{algorithm}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_budget_of_zero_turns_the_cache_off() {
+        let (cache, _clock) = cached_at(100 * W, 0);
+        let h = hit("k", Algorithm::SlidingWindowCounter, 1, 1);
+        for _ in 0..5 {
+            one(&cache, &h).await;
+        }
+        assert_eq!(cache.inner().asked(), 5);
+        assert_eq!(cache.answered(), 0);
+        assert_eq!(cache.held(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn the_bytes_held_never_exceed_the_budget() {
+        for budget in [32u64 << 10, 256 << 10, 1 << 20] {
+            let (cache, clock) = cached_at(100 * W, budget);
+            let mut stored_last = 0;
+            for n in 0..20_000u64 {
+                // Keys of varied length, each refused once (limit 0 refuses every hit).
+                let key = format!("key-{n}-{}", "x".repeat((n % 97) as usize));
+                let h = hit(&key, Algorithm::SlidingWindowLog, 0, 1);
+                assert!(!one(&cache, &h).await.verdict.admitted);
+                let (entries, bytes) = cache.held();
+                assert!(bytes as u64 <= budget, "{bytes} > {budget}");
+                stored_last = entries;
+                clock.advance(1);
+            }
+            assert!(stored_last > 0, "the budget {budget} holds some entries");
+            // The newest refusal is held: the soonest to expire went first.
+            let newest = format!("key-19999-{}", "x".repeat((19_999 % 97) as usize));
+            let asked = cache.inner().asked();
+            one(&cache, &hit(&newest, Algorithm::SlidingWindowLog, 0, 1)).await;
+            assert_eq!(cache.inner().asked(), asked, "budget {budget}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_drops_expired_entries_first() {
+        let (cache, clock) = cached_at(100 * W, 64 << 10);
+        // Fill the cache until it evicts.
+        let mut n = 0;
+        while cache.held().0 == n {
+            let h = hit(&format!("old-{n}"), Algorithm::SlidingWindowLog, 0, 1);
+            one(&cache, &h).await;
+            n += 1;
+        }
+        let old = cache.held().0;
+        assert!(old > 16, "{old}");
+        clock.advance(W);
+        // All of them have expired; new entries (a few, so no stripe gets more than it held)
+        // take their room without evicting each other.
+        let new = old / 8;
+        for m in 0..new {
+            one(
+                &cache,
+                &hit(&format!("new-{m}"), Algorithm::SlidingWindowLog, 0, 1),
+            )
+            .await;
+        }
+        let asked = cache.inner().asked();
+        for m in 0..new {
+            one(
+                &cache,
+                &hit(&format!("new-{m}"), Algorithm::SlidingWindowLog, 0, 1),
+            )
+            .await;
+        }
+        assert_eq!(cache.inner().asked(), asked, "every new entry is held");
+    }
+}
