@@ -166,6 +166,11 @@ end
 -- floor(a / d) for d >= 1 below 2^53, when the quotient is known to be below 2^53: a floating
 -- estimate, then corrected until q*d <= a < (q+1)*d holds exactly.
 local function div_floor(a, d)
+  if type(a) == 'number' and a + d < EXACT then
+    -- a/d = q + r/d with r < d lies at least 1/d below q + 1, while rounding moves it by at
+    -- most (q + 1) / 2^53 <= (a + d) / (d * 2^53) < 1/d: the float's floor is exactly q
+    return math.floor(a / d)
+  end
   local q = math.floor(approx(a) / d)
   if q >= EXACT then
     q = EXACT - 1
@@ -221,6 +226,10 @@ else
 end
 
 if cost > 0 and (admitted or count_refused) then
+  -- older windows' fields can only be left behind when the window index moves on, that is on
+  -- the first charge of window k (its field does not exist yet: a refund deletes a field it
+  -- empties); later charges in k need not look for them
+  local first_in_window = curr == 0
   -- an admitted charge stays within L; a refused one saturates at MAX_COUNT
   local after = add(curr, cost)
   if cmp(after, MAX_COUNT) > 0 then
@@ -231,7 +240,7 @@ if cost > 0 and (admitted or count_refused) then
   scaled = add(mul(prev, window - elapsed), mul(curr, window))
   -- window k counts until the end of window k+1
   redis.call('PEXPIRE', key, int(start + 2 * window - now + MARGIN_MS))
-  if redis.call('HLEN', key) > 2 then
+  if first_in_window and redis.call('HLEN', key) > 2 then
     for _, field in ipairs(redis.call('HKEYS', key)) do
       local index = tonumber(field)
       if index == nil or index < k - 1 then

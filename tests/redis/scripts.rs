@@ -12,6 +12,7 @@ use tollgate_testkit::target::{CALL_TIMEOUT, Target};
 cases! {
     scripts_follow_the_window_math: [redis];
     retry_time_is_the_first_instant_that_admits: [redis];
+    a_counter_key_keeps_only_two_windows: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
@@ -188,5 +189,55 @@ async fn retry_time_is_the_first_instant_that_admits(t: &Target) {
                 "{algorithm} {cost:?}: refused at {retry} ms"
             );
         }
+    }
+}
+
+/// A counter key drops the fields of windows older than the previous one when a new window gets
+/// its first charge, however many windows the key lived through, and only those.
+async fn a_counter_key_keeps_only_two_windows(t: &Target) {
+    let backend = connect(t).await;
+    let key = fresh_key("fields");
+    let window_ms = 1000;
+    let h = hit(
+        &key,
+        Algorithm::SlidingWindowCounter,
+        1_000,
+        window_ms,
+        Cost::Consume(1),
+    );
+    let start = 1_700_000_000_000;
+    let server = t.redis_server();
+    let redis_key = server
+        .cli(&["--scan", "--pattern", &format!("{}*", t.prefix())])
+        .lines()
+        .find(|line| line.contains(&key))
+        .map(str::to_owned);
+    assert!(redis_key.is_none(), "{redis_key:?}");
+    // A charge early in each of six consecutive windows, a few inside each: the key outlives
+    // every window by its margin, so without the clean-up it would hold all six.
+    for window in 0..6 {
+        for offset in [10, 20, 30] {
+            assert!(
+                one_at(&backend, &h, start + window * window_ms + offset)
+                    .await
+                    .verdict
+                    .admitted
+            );
+        }
+        let redis_key = server
+            .cli(&["--scan", "--pattern", &format!("{}*", t.prefix())])
+            .lines()
+            .find(|line| line.contains(&key))
+            .map(str::to_owned)
+            .expect("the counter key");
+        let mut fields: Vec<u64> = server
+            .cli(&["HKEYS", &redis_key])
+            .lines()
+            .map(|field| field.parse().expect("a window index"))
+            .collect();
+        fields.sort_unstable();
+        let k = (start + window * window_ms) / window_ms;
+        let expected: Vec<u64> = if window == 0 { vec![k] } else { vec![k - 1, k] };
+        assert_eq!(fields, expected, "window {window}");
     }
 }
