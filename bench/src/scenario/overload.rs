@@ -236,7 +236,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         measured(&conditions),
         first.backend,
         first.redis_share * 100.0,
-        first.target_rate / first.saturation.max(1.0),
+        // Rounded: the factor read back from the results file may differ in its last bit.
+        crate::doc::fixed(Some(first.target_rate / first.saturation.max(1.0)), 1),
     );
     let mut table = Table::new(&[
         ("--max-in-flight", Align::Left),
