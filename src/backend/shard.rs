@@ -112,6 +112,7 @@ impl<B: ShardKeys> Sharded<B> {
             cost: hit.cost,
             counting,
             shards: 1,
+            lease_ms: hit.lease_ms,
         }
     }
 }
@@ -324,6 +325,7 @@ mod tests {
             cost,
             counting: Counting::Admitted,
             shards,
+            lease_ms: 0,
         }
     }
 

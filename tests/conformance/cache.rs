@@ -19,9 +19,9 @@ use tollgate_testkit::target::Target;
 use crate::support::{ask, fresh, req};
 
 cases! {
-    refusals_are_answered_without_a_store_call: every;
-    a_raised_limit_or_smaller_cost_asks_the_store: every;
-    a_locally_refused_limit_gives_back_the_others: every;
+    refusals_are_answered_without_a_store_call: leased;
+    a_raised_limit_or_smaller_cost_asks_the_store: leased;
+    a_locally_refused_limit_gives_back_the_others: leased;
     cached_and_bare_agree_at_every_millisecond: [memory, redis, sharded_memory, sharded_redis];
     every_hit_counted_is_admitted_when_its_first_refusal_said: [memory, redis];
 }
