@@ -478,3 +478,178 @@ impl<B: Backend> Backend for Leased<B> {
         self.inner.failing_since()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::tests::one;
+    use crate::backend::shard::tests::Recording;
+    use crate::clock::ManualClock;
+
+    const W: u64 = 10_000;
+    const BOTH: [Algorithm; 2] = [Algorithm::SlidingWindowCounter, Algorithm::SlidingWindowLog];
+
+    fn leased_at(now_ms: u64) -> (Leased<Recording>, ManualClock) {
+        let clock = ManualClock::new(now_ms);
+        let store = Recording::at(&clock);
+        (Leased::new(store, Arc::new(clock.clone()), true), clock)
+    }
+
+    fn leased_hit(key: &str, algorithm: Algorithm, limit: u64) -> Hit {
+        Hit {
+            key: key.to_owned(),
+            algorithm,
+            limit,
+            window_ms: W,
+            cost: Cost::Consume(1),
+            counting: Counting::Admitted,
+            shards: 1,
+            lease_ms: lease_ms(W),
+        }
+    }
+
+    /// What the store itself has left for `hit`, slices counted in full.
+    async fn store_left(backend: &Leased<Recording>, hit: &Hit) -> u64 {
+        let probe = Hit {
+            cost: Cost::CheckOnly,
+            lease_ms: 0,
+            ..hit.clone()
+        };
+        one(&backend.inner().memory, &probe).await.verdict.remaining
+    }
+
+    #[test]
+    fn the_lease_is_a_tenth_of_the_window_at_most_a_second() {
+        assert_eq!(lease_ms(1000), 100);
+        assert_eq!(lease_ms(10_000), 1000);
+        assert_eq!(lease_ms(3_600_000), MAX_LEASE_MS);
+        assert_eq!(lease_ms(0), 1);
+    }
+
+    #[tokio::test]
+    async fn one_reservation_answers_a_slice_of_hits() {
+        for algorithm in BOTH {
+            let (backend, _clock) = leased_at(1_000_000);
+            let hit = leased_hit("a", algorithm, 1000);
+            for n in 0..100u64 {
+                let outcome = one(&backend, &hit).await;
+                assert!(outcome.verdict.admitted, "{algorithm} {n}");
+                assert_eq!(outcome.verdict.remaining, 999 - n, "{algorithm} {n}");
+            }
+            // The rate over the lease: 1000 per 10 s for 1 s is a slice of 100.
+            assert_eq!(backend.inner().calls().len(), 1, "{algorithm}");
+            assert_eq!(backend.inner().calls()[0][0].cost, Cost::Consume(100));
+            assert_eq!(store_left(&backend, &hit).await, 900, "{algorithm}");
+        }
+    }
+
+    #[tokio::test]
+    async fn slices_shrink_near_the_limit_and_fill_it_exactly() {
+        for algorithm in BOTH {
+            let (backend, _clock) = leased_at(1_000_000);
+            let hit = leased_hit("a", algorithm, 100);
+            let mut admitted = 0;
+            while one(&backend, &hit).await.verdict.admitted {
+                admitted += 1;
+                assert!(admitted <= 100, "{algorithm}");
+            }
+            assert_eq!(admitted, 100, "{algorithm}");
+            assert_eq!(store_left(&backend, &hit).await, 0, "{algorithm}");
+            let sizes: Vec<Cost> = backend
+                .inner()
+                .calls()
+                .iter()
+                .map(|call| call[0].cost)
+                .collect();
+            // 10, then never more than half of what the store said was left.
+            assert_eq!(sizes[0], Cost::Consume(10), "{algorithm}: {sizes:?}");
+            assert!(sizes.len() < 40, "{algorithm}: {sizes:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ended_lease_gives_back_the_unspent_units() {
+        for algorithm in BOTH {
+            let (backend, clock) = leased_at(1_000_000);
+            let hit = leased_hit("a", algorithm, 1000);
+            for _ in 0..3 {
+                assert!(one(&backend, &hit).await.verdict.admitted);
+            }
+            assert_eq!(store_left(&backend, &hit).await, 900, "{algorithm}");
+            clock.advance(lease_ms(W));
+            backend.maintain().await;
+            assert_eq!(store_left(&backend, &hit).await, 997, "{algorithm}");
+            // The next hit reserves a new slice.
+            assert!(one(&backend, &hit).await.verdict.admitted);
+            assert_eq!(backend.inner().calls().len(), 2, "{algorithm}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_released_hit_goes_back_to_the_slice_or_the_store() {
+        for algorithm in BOTH {
+            let (backend, clock) = leased_at(1_000_000);
+            let hit = leased_hit("a", algorithm, 1000);
+            let kept = one(&backend, &hit).await;
+            let released = one(&backend, &hit).await;
+            let late = one(&backend, &hit).await;
+            backend.release(&[released.receipt.unwrap()]).await.unwrap();
+            // Settled with two spent; the late release reaches the store.
+            clock.advance(lease_ms(W));
+            backend.maintain().await;
+            assert_eq!(store_left(&backend, &hit).await, 998, "{algorithm}");
+            backend.release(&[late.receipt.unwrap()]).await.unwrap();
+            assert_eq!(store_left(&backend, &hit).await, 999, "{algorithm}");
+            assert!(kept.verdict.admitted);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_changed_limit_settles_the_old_slice() {
+        for algorithm in BOTH {
+            let (backend, _clock) = leased_at(1_000_000);
+            let old = leased_hit("a", algorithm, 1000);
+            for _ in 0..5 {
+                assert!(one(&backend, &old).await.verdict.admitted);
+            }
+            let new = Hit {
+                limit: 20,
+                ..old.clone()
+            };
+            let mut admitted = 0;
+            while one(&backend, &new).await.verdict.admitted {
+                admitted += 1;
+                assert!(admitted <= 20, "{algorithm}");
+            }
+            assert_eq!(
+                admitted, 15,
+                "{algorithm}: 20 less the 5 spent under the old limit"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn unleased_hits_and_a_disabled_layer_pass_through() {
+        let clock = ManualClock::new(1_000_000);
+        let backend = Leased::new(Recording::at(&clock), Arc::new(clock.clone()), false);
+        let hit = leased_hit("a", Algorithm::SlidingWindowLog, 1000);
+        for _ in 0..3 {
+            let outcome = one(&backend, &hit).await;
+            assert!(!outcome.receipt.unwrap().leased);
+        }
+        assert_eq!(backend.inner().calls().len(), 3);
+        let (enabled, _clock) = leased_at(1_000_000);
+        let plain = Hit {
+            lease_ms: 0,
+            ..hit.clone()
+        };
+        let check = Hit {
+            cost: Cost::CheckOnly,
+            ..hit
+        };
+        for h in [&plain, &plain, &check] {
+            one(&enabled, h).await;
+        }
+        assert_eq!(enabled.inner().calls().len(), 3);
+    }
+}

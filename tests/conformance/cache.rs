@@ -143,9 +143,11 @@ async fn a_locally_refused_limit_gives_back_the_others(t: &Target) {
         assert_eq!(decision.overall, Code::OverLimit);
         assert_eq!(decision.statuses[0].code, Code::OverLimit);
         assert_eq!(decision.statuses[1].code, Code::Ok);
-        // Only `roomy` reached the store (on each shard tried), `tight` did not.
+        // Only `roomy` reached the store (on each shard tried), `tight` did not. (A leased
+        // `roomy` got its released unit back in its slice, and may not need the store at all.)
         let reached = store.hits() - asked;
-        assert!((1..=2).contains(&reached), "{reached} store hits");
+        let least = u64::from(!t.leases());
+        assert!((least..=2).contains(&reached), "{reached} store hits");
     }
     // Every charge of a refused request was given back: `roomy` still takes four more.
     let alone = req(vec![d(&[("roomy", &roomy)])]);

@@ -653,7 +653,18 @@ async fn concurrent_rejected_requests_leave_no_residue(t: &Target) {
             }
         };
         let admitted = admitted_units(&instances, (16, 40), plan, doomed_are_over).await;
-        assert_eq!(admitted, 10, "{}: {key}", t.name());
+        if t.leases() {
+            // A unit released back into an instance's slice stays with that instance until
+            // its lease ends: each of the two may end holding one (slices of a 10-per-hour
+            // limit are one unit).
+            assert!(
+                (8..=10).contains(&admitted),
+                "{}: {key}: {admitted}",
+                t.name()
+            );
+        } else {
+            assert_eq!(admitted, 10, "{}: {key}", t.name());
+        }
         let probe = with_addend(d(&[(&key, &v)]), 0);
         assert_one(&instances[0], probe, (Code::Ok, 0), &key).await;
         assert_one(&instances[0], d(&[(&key, &v)]), (Code::OverLimit, 0), &key).await;
