@@ -335,3 +335,86 @@ fn a_frozen_redis_answers_the_failure_mode_throughout() {
     let errors = errors.lock().expect("errors");
     assert!(errors.is_empty(), "answers other than OK: {errors:?}");
 }
+
+/// A leased limit: a window of a minute leases for a second, so a limit of 600 reserves slices
+/// of 10.
+const LEASED: &str = r#"
+domain: leased
+descriptors:
+  - key: api
+    rate_limit: {window: 60s, requests_per_unit: 600, algorithm: sliding_window_log, lease: true}
+"#;
+
+/// Three `tollgate serve` processes share a leased limit on one Redis, and one is killed
+/// (SIGKILL) right after it reserved a slice. The two others together admit exactly the limit
+/// less that one slice, with far fewer script calls than decisions.
+#[test]
+fn a_killed_leased_instance_strands_only_its_slice() {
+    let redis = tollgate_testkit::redis::RedisServer::start();
+    let prefix = tollgate_testkit::redis::unique_prefix("leased");
+    let start = || {
+        tollgate_testkit::tollgate::Tollgate::builder()
+            .policy("leased.yaml", LEASED)
+            .args(["--backend", "redis"])
+            .env("TOLLGATE_REDIS_URL", &redis.url())
+            .env("TOLLGATE_KEY_PREFIX", &prefix)
+            .start()
+    };
+    let mut dying = start();
+    let survivors = [start(), start()];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let ask = |addr| async move {
+        let mut rls = client(addr).await.expect("connect");
+        rls.should_rate_limit(request("leased", &[&[("api", "all")]]))
+            .await
+            .expect("an answer")
+            .into_inner()
+            .overall_code
+    };
+    assert_eq!(
+        runtime.block_on(ask(dying.grpc_addr())),
+        1,
+        "the first hit is admitted"
+    );
+    dying.kill();
+
+    redis.reset_stats();
+    let started = Instant::now();
+    let mut admitted = 0u64;
+    runtime.block_on(async {
+        loop {
+            let mut any = false;
+            for survivor in &survivors {
+                if ask(survivor.grpc_addr()).await == 1 {
+                    admitted += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+            assert!(admitted <= 600, "beyond the limit");
+        }
+    });
+    let calls: u64 = redis
+        .command_calls()
+        .iter()
+        .filter(|(name, _)| name.starts_with("eval"))
+        .map(|(_, calls)| calls)
+        .sum();
+    eprintln!("leased: {admitted} admitted by the survivors, {calls} script calls");
+    // Only while the minute has not turned are the counts exact (nothing left the window).
+    if started.elapsed() < Duration::from_secs(50) {
+        assert_eq!(
+            admitted, 590,
+            "the limit less the dead instance's slice of 10"
+        );
+    }
+    assert!(
+        calls * 2 < admitted,
+        "{calls} script calls for {admitted} leased decisions"
+    );
+}

@@ -83,11 +83,16 @@ struct Settled {
     settled_ms: u64,
 }
 
+/// How many settled slices a limit remembers for late releases. A release follows its hit within
+/// the request; under concurrency several slices of one limit may be settled meanwhile.
+const SETTLED_KEPT: usize = 32;
+
 /// What this instance holds for one leased limit.
 #[derive(Debug, Default)]
 struct Slot {
     slice: Option<Slice>,
-    settled: Option<Settled>,
+    /// Recently settled slices with units still charged, newest last.
+    settled: Vec<Settled>,
     /// What the store last said was left, in the limit's units (`None` before the first answer).
     last_remaining: Option<u64>,
 }
@@ -187,15 +192,24 @@ impl<B: Backend> Leased<B> {
                  they leave the window"
             );
         }
-        slot.settled = (slice.spent > 0).then(|| Settled {
-            id: slice.id,
-            kept: Receipt {
-                cost: slice.spent,
-                keep: 0,
-                ..slice.grant
-            },
-            settled_ms: self.clock.now_ms(),
-        });
+        let now = self.clock.now_ms();
+        // A release comes within its request: slices settled a lease ago are past needing.
+        slot.settled
+            .retain(|settled| now.saturating_sub(settled.settled_ms) < MAX_LEASE_MS);
+        if slot.settled.len() >= SETTLED_KEPT {
+            slot.settled.remove(0);
+        }
+        if slice.spent > 0 {
+            slot.settled.push(Settled {
+                id: slice.id,
+                kept: Receipt {
+                    cost: slice.spent,
+                    keep: 0,
+                    ..slice.grant
+                },
+                settled_ms: now,
+            });
+        }
     }
 
     /// Answers one leased hit of `cost` units.
@@ -335,10 +349,14 @@ impl<B: Backend> Leased<B> {
             slice.spent = slice.spent.saturating_sub(receipt.cost);
             return Ok(());
         }
-        let Some(settled) = slot.settled.as_mut() else {
+        let Some(settled) = slot
+            .settled
+            .iter_mut()
+            .find(|settled| settled.id == receipt.token)
+        else {
             return Ok(());
         };
-        if settled.id != receipt.token || settled.kept.cost == 0 {
+        if settled.kept.cost == 0 {
             return Ok(());
         }
         let back = receipt.cost.min(settled.kept.cost);
@@ -347,7 +365,8 @@ impl<B: Backend> Leased<B> {
             ..settled.kept.clone()
         };
         settled.kept.cost -= back;
-        drop(slot);
+        // Sent while the slot is held: a log's entry is named by the units it keeps, so two
+        // refunds of one slice must reach the store in the order they were computed.
         self.inner.release(std::slice::from_ref(&refund)).await
     }
 }
@@ -449,8 +468,8 @@ impl<B: Backend> Backend for Leased<B> {
             if held.slice.is_none()
                 && held
                     .settled
-                    .as_ref()
-                    .is_none_or(|settled| now.saturating_sub(settled.settled_ms) >= MAX_LEASE_MS)
+                    .iter()
+                    .all(|settled| now.saturating_sub(settled.settled_ms) >= MAX_LEASE_MS)
             {
                 idle.push(key);
             }
