@@ -5,7 +5,9 @@
 //!   once the replica has taken over, without a restart;
 //! - a Redis server is stopped with SIGSTOP and resumed: every call comes back, answered by the
 //!   failure mode while Redis is frozen (never an error to the caller), and counting resumes once
-//!   it thaws.
+//!   it thaws;
+//! - a `tollgate serve` process holding a slice of a leased limit is killed: the others admit the
+//!   limit less that slice, exactly.
 //!
 //! Nothing here is timed: each call gets a generous client-side bound, and a call that exceeds it
 //! is reported as a hang, which fails the case.
@@ -417,4 +419,26 @@ fn a_killed_leased_instance_strands_only_its_slice() {
         calls * 2 < admitted,
         "{calls} script calls for {admitted} leased decisions"
     );
+    // Each survivor counts what it answered from its slices, and what it reserved.
+    for survivor in &survivors {
+        let metrics = tollgate_testkit::net::send(
+            &tollgate_testkit::net::agent(),
+            "GET",
+            &survivor.url("/metrics"),
+            &[],
+            None,
+        )
+        .body;
+        let value = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{name} missing from\n{metrics}"))
+        };
+        assert!(value("tollgate_lease_answers_total ") > 0.0, "{metrics}");
+        assert!(
+            value("tollgate_lease_reservations_total ") > 0.0,
+            "{metrics}"
+        );
+    }
 }

@@ -28,9 +28,11 @@
 //! reservation, less the time since.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use futures_util::future::join_all;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 
 use crate::clock::Clock;
 use crate::window::{Algorithm, Cost, Counting, Verdict};
@@ -46,6 +48,46 @@ pub const MAX_LEASE_MS: u64 = 1000;
 /// they admit, so it stays small against the window.
 pub fn lease_ms(window_ms: u64) -> u64 {
     (window_ms / 10).clamp(1, MAX_LEASE_MS)
+}
+
+/// The process-wide metrics of leasing (one leasing layer per process in practice; tests make
+/// more and share these).
+#[derive(Debug, Default)]
+struct Metrics {
+    reservations: Counter,
+    refused: Counter,
+    answers: Counter,
+    returned: Counter,
+}
+
+fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::default)
+}
+
+/// Adds the leasing metrics to `registry` (whose prefix the names get).
+pub fn register(registry: &mut Registry) {
+    let m = metrics();
+    registry.register(
+        "lease_reservations",
+        "Slices of leased limits reserved in the store (one script call each)",
+        m.reservations.clone(),
+    );
+    registry.register(
+        "lease_reservations_refused",
+        "Reservations the store refused, after which the hit itself was asked for",
+        m.refused.clone(),
+    );
+    registry.register(
+        "lease_answers",
+        "Hits of leased limits admitted from a slice held in this instance, without a store call",
+        m.answers.clone(),
+    );
+    registry.register(
+        "lease_returned_units",
+        "Units of slices given back to the store unspent",
+        m.returned.clone(),
+    );
 }
 
 /// Identity of a leased limit in this instance: the limiter's key, algorithm and window.
@@ -183,6 +225,9 @@ impl<B: Backend> Leased<B> {
             keep: slice.spent,
             ..slice.grant.clone()
         };
+        metrics()
+            .returned
+            .inc_by(slice.grant.cost.saturating_sub(slice.spent));
         let must_call =
             slice.spent < slice.grant.cost || slice.grant.algorithm == Algorithm::SlidingWindowLog;
         if must_call && let Err(error) = self.inner.release(std::slice::from_ref(&kept)).await {
@@ -222,6 +267,7 @@ impl<B: Backend> Leased<B> {
             && now < slice.deadline_ms
             && slice.spent.saturating_add(cost) <= slice.grant.cost
         {
+            metrics().answers.inc();
             slice.spent += cost;
             let left = slice.grant.cost - slice.spent;
             let remaining = slice.remaining.saturating_add(left).min(hit.limit);
@@ -270,9 +316,11 @@ impl<B: Backend> Leased<B> {
             ))
         })?;
         slot.last_remaining = Some(outcome.verdict.remaining);
+        metrics().reservations.inc();
         let grant = match (&outcome.receipt, outcome.verdict.admitted) {
             (Some(grant), true) => grant.clone(),
             _ if want > cost => {
+                metrics().refused.inc();
                 // Even the smallest slice did not fit: ask for the hit alone, as an ordinary hit.
                 let single = Hit {
                     lease_ms: 0,
