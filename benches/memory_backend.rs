@@ -38,6 +38,7 @@ fn hits(keys: usize, algorithm: Algorithm, limit: u64, shards: u16) -> Vec<Hit> 
             cost: Cost::Consume(1),
             counting: Counting::Admitted,
             shards,
+            lease_ms: 0,
         })
         .collect()
 }

@@ -11,19 +11,26 @@
 --          entry of L+1 is in the window usage is above L, just as with any larger cost)
 -- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
 --          does not fit is still charged, as envoyproxy/ratelimit counts)
--- ARGV[5]  optional decision time in ms since the epoch, for tests; without it the server's
+-- ARGV[5]  ahead: 0 for an ordinary hit; for a leased slice, the lease time in ms (at most
+--          1000, below MARGIN_MS): the entry is stamped this far after the decision, because the
+--          slice's hits may be admitted until then and must stay in the window as long as hits
+--          admitted then would
+-- ARGV[6]  optional decision time in ms since the epoch, for tests; without it the server's
 --          clock (TIME) decides
 --
 -- Reply: { admitted (1|0), remaining, reset_ms, id }
 --   admitted   c fits: used + c <= L (a check: used <= L)
 --   remaining  L - used after the charge, if any (at least 0)
---   reset_ms   admitted: time until the newest entry leaves the window (0 when the log is empty);
+--   reset_ms   admitted: time until the newest entry leaves the window (0 when the log is empty;
+--              the window plus ahead for a recorded entry);
 --              refused: time until enough of the oldest entries have left for the hit to fit
 --   id         the id of the entry recorded (0 when nothing was recorded); a refund names it
 --
 -- Invariants: a check never adds an entry; an admitted hit never takes the sum above L; a refused
 -- hit adds an entry of min(c, L+1) only when ARGV[4] is 1, so the sum may be above L. An entry at
--- time x is inside the window at t iff x > t - W. Costs, sums and ids stay below 2^53, so plain
+-- time x is inside the window at t iff x > t - W; entries stamped ahead count in full from the
+-- moment they are added. Every key outlives its newest entry's stay in the window (ahead is
+-- below MARGIN_MS, so a later call's PEXPIRE never cuts an earlier entry short). Costs, sums and ids stay below 2^53, so plain
 -- Lua numbers are exact here.
 
 if redis.replicate_commands then
@@ -48,9 +55,10 @@ local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
+local ahead = tonumber(ARGV[5]) or 0
 local now
-if ARGV[5] then
-  now = tonumber(ARGV[5])
+if ARGV[6] then
+  now = tonumber(ARGV[6])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -107,10 +115,15 @@ if entry > 0 then
   -- ids start from the clock so that a log recreated after expiry does not reuse them
   id = (seq or now * 1000) + 1
   used = used + entry
-  redis.call('ZADD', log, int(now), int(id) .. ':' .. int(entry))
+  -- only an admitted slice is stamped ahead: a refused entry records a debit made now
+  local stamp = now
+  if admitted then
+    stamp = now + ahead
+  end
+  redis.call('ZADD', log, int(stamp), int(id) .. ':' .. int(entry))
   redis.call('HSET', meta, 'sum', int(used), 'seq', int(id))
-  redis.call('PEXPIRE', log, int(window + MARGIN_MS))
-  redis.call('PEXPIRE', meta, int(window + MARGIN_MS))
+  redis.call('PEXPIRE', log, int(window + (stamp - now) + MARGIN_MS))
+  redis.call('PEXPIRE', meta, int(window + (stamp - now) + MARGIN_MS))
 elseif changed then
   if entries == 0 then
     redis.call('DEL', meta)
@@ -128,7 +141,7 @@ end
 local reset = 0
 if admitted then
   if cost > 0 then
-    reset = window
+    reset = window + ahead
   elseif entries > 0 then
     local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
     reset = tonumber(newest[2]) + window - now

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tollgate::backend::lease::Leased;
 use tollgate::backend::redis::{ClusterBackend, RedisBackend, connect};
 use tollgate::backend::shard::Sharded;
 use tollgate::backend::{AnyBackend, LocalCache, MemoryBackend, PerSecond};
@@ -315,10 +316,11 @@ fn metrics_options(settings: &Settings) -> MetricsOptions {
 }
 
 /// The store, with the local over-limit cache below sharding (so its entries are per shard
-/// window) when it has a budget.
+/// window) when it has a budget, and leases above it (so a slice comes from one shard) when the
+/// store is shared by instances.
 async fn connect_backend(
     settings: &Settings,
-) -> anyhow::Result<Sharded<LocalCache<PerSecond<AnyBackend>>>> {
+) -> anyhow::Result<Leased<Sharded<LocalCache<PerSecond<AnyBackend>>>>> {
     let backend = &settings.backend;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let main = match &backend.store {
@@ -361,7 +363,13 @@ async fn connect_backend(
         // Redis decides by its own clock (TIME): durations are measured on a monotonic one.
         Store::Redis(_) => LocalCache::new(stored, Arc::new(MonotonicClock::new()), cache_bytes),
     };
-    Ok(Sharded::new(cached))
+    // In one process every hit is already local: leases would only add work.
+    let shared = !matches!(backend.store, Store::Memory);
+    Ok(Leased::new(
+        Sharded::new(cached),
+        Arc::new(MonotonicClock::new()),
+        shared,
+    ))
 }
 
 async fn connect_redis(

@@ -464,6 +464,8 @@ mod tests {
         ("tollgate.config.v1.LimitExtension", "window", 2),
         ("tollgate.config.v1.LimitExtension", "shards", 3),
         ("tollgate.config.v1.LimitExtension", "failure_mode", 4),
+        ("tollgate.config.v1.LimitExtension", "counting", 5),
+        ("tollgate.config.v1.LimitExtension", "lease", 6),
     ];
 
     #[test]

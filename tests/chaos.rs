@@ -5,7 +5,9 @@
 //!   once the replica has taken over, without a restart;
 //! - a Redis server is stopped with SIGSTOP and resumed: every call comes back, answered by the
 //!   failure mode while Redis is frozen (never an error to the caller), and counting resumes once
-//!   it thaws.
+//!   it thaws;
+//! - a `tollgate serve` process holding a slice of a leased limit is killed: the others admit the
+//!   limit less that slice, exactly.
 //!
 //! Nothing here is timed: each call gets a generous client-side bound, and a call that exceeds it
 //! is reported as a hang, which fails the case.
@@ -334,4 +336,109 @@ fn a_frozen_redis_answers_the_failure_mode_throughout() {
     assert_eq!(hung.load(Ordering::SeqCst), 0, "calls that never came back");
     let errors = errors.lock().expect("errors");
     assert!(errors.is_empty(), "answers other than OK: {errors:?}");
+}
+
+/// A leased limit: a window of a minute leases for a second, so a limit of 600 reserves slices
+/// of 10.
+const LEASED: &str = r#"
+domain: leased
+descriptors:
+  - key: api
+    rate_limit: {window: 60s, requests_per_unit: 600, algorithm: sliding_window_log, lease: true}
+"#;
+
+/// Three `tollgate serve` processes share a leased limit on one Redis, and one is killed
+/// (SIGKILL) right after it reserved a slice. The two others together admit exactly the limit
+/// less that one slice, with far fewer script calls than decisions.
+#[test]
+fn a_killed_leased_instance_strands_only_its_slice() {
+    let redis = tollgate_testkit::redis::RedisServer::start();
+    let prefix = tollgate_testkit::redis::unique_prefix("leased");
+    let start = || {
+        tollgate_testkit::tollgate::Tollgate::builder()
+            .policy("leased.yaml", LEASED)
+            .args(["--backend", "redis"])
+            .env("TOLLGATE_REDIS_URL", &redis.url())
+            .env("TOLLGATE_KEY_PREFIX", &prefix)
+            .start()
+    };
+    let mut dying = start();
+    let survivors = [start(), start()];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let ask = |addr| async move {
+        let mut rls = client(addr).await.expect("connect");
+        rls.should_rate_limit(request("leased", &[&[("api", "all")]]))
+            .await
+            .expect("an answer")
+            .into_inner()
+            .overall_code
+    };
+    assert_eq!(
+        runtime.block_on(ask(dying.grpc_addr())),
+        1,
+        "the first hit is admitted"
+    );
+    dying.kill();
+
+    redis.reset_stats();
+    let started = Instant::now();
+    let mut admitted = 0u64;
+    runtime.block_on(async {
+        loop {
+            let mut any = false;
+            for survivor in &survivors {
+                if ask(survivor.grpc_addr()).await == 1 {
+                    admitted += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+            assert!(admitted <= 600, "beyond the limit");
+        }
+    });
+    let calls: u64 = redis
+        .command_calls()
+        .iter()
+        .filter(|(name, _)| name.starts_with("eval"))
+        .map(|(_, calls)| calls)
+        .sum();
+    eprintln!("leased: {admitted} admitted by the survivors, {calls} script calls");
+    // Only while the minute has not turned are the counts exact (nothing left the window).
+    if started.elapsed() < Duration::from_secs(50) {
+        assert_eq!(
+            admitted, 590,
+            "the limit less the dead instance's slice of 10"
+        );
+    }
+    assert!(
+        calls * 2 < admitted,
+        "{calls} script calls for {admitted} leased decisions"
+    );
+    // Each survivor counts what it answered from its slices, and what it reserved.
+    for survivor in &survivors {
+        let metrics = tollgate_testkit::net::send(
+            &tollgate_testkit::net::agent(),
+            "GET",
+            &survivor.url("/metrics"),
+            &[],
+            None,
+        )
+        .body;
+        let value = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{name} missing from\n{metrics}"))
+        };
+        assert!(value("tollgate_lease_answers_total ") > 0.0, "{metrics}");
+        assert!(
+            value("tollgate_lease_reservations_total ") > 0.0,
+            "{metrics}"
+        );
+    }
 }

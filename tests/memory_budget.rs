@@ -37,6 +37,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Cost) 
         cost,
         counting: Counting::Admitted,
         shards: 1,
+        lease_ms: 0,
     }
 }
 

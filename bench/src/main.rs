@@ -1,11 +1,11 @@
 //! `tollgate-bench`: tollgate's one benchmark tool.
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
-//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`) start what they need
-//! (tollgate as a process, Redis and a Redis Cluster through the testkit, redis-benchmark for the
-//! ceilings), measure, keep every run as a JSON line in `target/bench/`, and print their report
-//! section; `report` runs several of them and writes `docs/performance.md`. See
-//! `tollgate-bench --help`.
+//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`) start
+//! what they need (tollgate as a process, Redis and a Redis Cluster through the testkit,
+//! redis-benchmark for the ceilings), measure, keep every run as a JSON line in `target/bench/`,
+//! and print their report section; `report` runs several of them and writes
+//! `docs/performance.md`. See `tollgate-bench --help`.
 
 mod ceiling;
 mod doc;
@@ -26,6 +26,7 @@ use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
 use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
+use crate::scenario::lease::{Lease, LeaseOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
 use crate::scenario::overload::{Overload, OverloadOptions};
@@ -125,6 +126,16 @@ enum Command {
         options: CostOptions,
     },
 
+    /// One hot limit shared by several tollgate instances, leased and unleased, on Redis and the
+    /// Redis Cluster beside the memory backend: decisions per second, script calls per
+    /// decision, and the hits admitted at twice the limit.
+    Lease {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: LeaseOptions,
+    },
+
     /// Run scenarios and write their results into docs/performance.md.
     Report(ReportArgs),
 }
@@ -151,6 +162,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Accuracy { scale, options } => run_one(&scale, &Accuracy::new(options)),
         Command::RedisCpu { scale, options } => run_one(&scale, &RedisCpu::new(options)),
         Command::Cost { scale, options } => run_one(&scale, &Cost::new(options)),
+        Command::Lease { scale, options } => run_one(&scale, &Lease::new(options)),
         Command::Report(args) => report::run(&args),
     }
 }

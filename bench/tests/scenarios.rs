@@ -137,6 +137,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         "accuracy",
         "redis-cpu",
         "cost",
+        "lease",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -365,6 +366,59 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         ),
         "{doc}"
     );
+
+    // lease: three instances share the hot limit; on every store backend, leased and not, for
+    // both algorithms. Unleased, every admitted hit is a script call; leased, fewer calls than
+    // decisions. Under overload the log never admits more than its limit allows over the run
+    // plus one window for calls answered after the schedule ended.
+    let lease = records(&results, "lease");
+    let throughput = of_kind(&lease, "throughput");
+    for algorithm in ["counter", "log"] {
+        let memory = throughput
+            .iter()
+            .find(|r| r["backend"] == "memory" && r["algorithm"] == algorithm)
+            .unwrap_or_else(|| panic!("no memory {algorithm} lease run"));
+        assert!(number(memory, &["load", "ok"]) > 0.0, "{memory}");
+        assert!(memory["script_calls"].is_null(), "{memory}");
+        for backend in ["redis", "redis-cluster"] {
+            for leased in [false, true] {
+                let run = throughput
+                    .iter()
+                    .find(|r| {
+                        r["backend"] == backend
+                            && r["algorithm"] == algorithm
+                            && r["leased"] == leased
+                    })
+                    .unwrap_or_else(|| panic!("no {backend} {algorithm} leased={leased} run"));
+                assert_eq!(run["instances"], 3, "{run}");
+                let ok = number(run, &["load", "ok"]);
+                let calls = number(run, &["script_calls"]);
+                assert!(ok > 0.0, "{run}");
+                if leased {
+                    assert!(calls < ok, "leased hits are answered from slices: {run}");
+                } else {
+                    assert!(calls >= ok, "every unleased hit is a script call: {run}");
+                }
+            }
+        }
+    }
+    let overloaded = of_kind(&lease, "overload");
+    assert_eq!(overloaded.len(), 8, "{overloaded:?}");
+    for run in &overloaded {
+        assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
+        if run["algorithm"] == "log" {
+            // A window's worth per window the run spans, and one more for calls answered
+            // after the schedule ended.
+            let allowed = number(run, &["limit_per_second"])
+                * (number(run, &["duration_seconds"]).ceil() + 1.0);
+            assert!(number(run, &["load", "ok"]) <= allowed, "{run}");
+        }
+    }
+    assert_eq!(
+        table_after(&doc, "### One hot limit shared by 3 instances").len(),
+        10
+    );
+    assert_eq!(table_after(&doc, "#### Twice the limit").len(), 8);
 
     // The report is a function of the results alone.
     let again = dir.path().join("again.md");

@@ -589,6 +589,7 @@ mod tests {
             cost: Cost::Consume(cost),
             counting: Counting::Admitted,
             shards: 1,
+            lease_ms: 0,
         }
     }
 

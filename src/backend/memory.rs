@@ -237,6 +237,8 @@ impl MemoryBackend {
                 token,
                 cost: units,
                 released_remaining: verdict.remaining.saturating_add(units),
+                keep: 0,
+                leased: false,
             }),
             _ => None,
         };
@@ -815,22 +817,39 @@ impl Shard {
                 // The charge went to `curr` of window `token`; once that window has rolled into
                 // `prev` it is still refundable there, and after that it no longer counts.
                 let index = counter_index(slot.expires_ms, window_ms, receipt.token);
+                let back = receipt.cost.saturating_sub(receipt.keep);
                 if receipt.token == index {
-                    *curr = curr.saturating_sub(receipt.cost);
+                    *curr = curr.saturating_sub(back);
                 } else if receipt.token.checked_add(1) == Some(index) {
-                    *prev = prev.saturating_sub(receipt.cost);
+                    *prev = prev.saturating_sub(back);
                 }
                 *prev == 0 && *curr == 0
             }
             (Algorithm::SlidingWindowLog, State::Log(log)) => {
                 // Ids grow in insertion order, so the entries are sorted by id.
-                if let Ok(position) = log
+                let found = log
                     .entries
-                    .binary_search_by_key(&receipt.token, |entry| entry.id)
-                    && let Some(entry) = log.entries.remove(position)
-                {
-                    log.used = log.used.saturating_sub(u128::from(entry.cost));
-                    slot.expires_ms = log.expiry(window_ms);
+                    .binary_search_by_key(&receipt.token, |entry| entry.id);
+                if let Ok(position) = found {
+                    let keep = receipt.keep.min(receipt.cost);
+                    // A partial release keeps the entry, smaller; its time stays, which only
+                    // ever holds the units longer than needed.
+                    let kept = log.entries.get_mut(position).and_then(|entry| {
+                        (keep > 0 && entry.cost > keep).then(|| {
+                            let back = entry.cost - keep;
+                            entry.cost = keep;
+                            back
+                        })
+                    });
+                    let back = match kept {
+                        Some(back) => Some(back),
+                        None if keep > 0 => None,
+                        None => log.entries.remove(position).map(|entry| entry.cost),
+                    };
+                    if let Some(back) = back {
+                        log.used = log.used.saturating_sub(u128::from(back));
+                        slot.expires_ms = log.expiry(window_ms);
+                    }
                 }
                 log.entries.is_empty()
             }
@@ -880,6 +899,7 @@ pub(super) mod tests {
             cost,
             counting: Counting::Admitted,
             shards: 1,
+            lease_ms: 0,
         }
     }
 
@@ -1158,6 +1178,8 @@ pub(super) mod tests {
                 token: 0,
                 cost: 2,
                 released_remaining: 0,
+                keep: 0,
+                leased: false,
             },
             Receipt {
                 key: "k".into(),
@@ -1166,6 +1188,8 @@ pub(super) mod tests {
                 token: 1,
                 cost: 2,
                 released_remaining: 0,
+                keep: 0,
+                leased: false,
             },
             Receipt {
                 key: "k".into(),
@@ -1174,6 +1198,8 @@ pub(super) mod tests {
                 token: 0,
                 cost: 2,
                 released_remaining: 0,
+                keep: 0,
+                leased: false,
             },
             Receipt {
                 key: "k".into(),
@@ -1182,6 +1208,8 @@ pub(super) mod tests {
                 token: 12345,
                 cost: 2,
                 released_remaining: 0,
+                keep: 0,
+                leased: false,
             },
         ];
         backend.release(&foreign).await.unwrap();

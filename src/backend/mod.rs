@@ -2,6 +2,7 @@
 //! nothing of descriptors, domains or YAML. Each hit is decided atomically on its own; the limiter
 //! combines the verdicts and gives back (releases) what a rejected request took.
 
+pub mod lease;
 pub mod local_cache;
 pub mod memory;
 pub mod observe;
@@ -38,6 +39,11 @@ pub struct Hit {
     pub counting: Counting,
     /// Into how many independent windows the limit's budget is split (1 = not sharded).
     pub shards: u16,
+    /// 0: an ordinary hit. Above 0, for the limiter: answer this limit from leased slices of
+    /// its quota, each good for this many milliseconds ([`lease::Leased`]). For a store: the
+    /// hit reserves a slice that may be spent until this long after the decision, so a log
+    /// records it as if made then (a counter's slice never outlives its fixed window).
+    pub lease_ms: u64,
 }
 
 /// The verdict on one hit and, when it was admitted and consumed something, how to give it back.
@@ -70,6 +76,13 @@ pub struct Receipt {
     /// the cost (exact, as the charge was admitted), scaled as the verdict's is by decorators
     /// such as sharding. What a status reports after its hit was released.
     pub released_remaining: u64,
+    /// Units of the charge that stay charged when it is released: 0 gives all of it back. A
+    /// lease settles its slice by keeping what was spent; a log's entry then also moves back to
+    /// the time of the settlement, when nothing more of it can be spent.
+    pub keep: u64,
+    /// Issued by [`lease::Leased`] for a hit answered from a slice: `token` names the slice,
+    /// and only that layer can give the charge back.
+    pub leased: bool,
 }
 
 /// Why a backend could not decide.

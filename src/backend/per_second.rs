@@ -165,6 +165,7 @@ mod tests {
             cost: Cost::Consume(1),
             counting: Counting::Admitted,
             shards: 1,
+            lease_ms: 0,
         }
     }
 

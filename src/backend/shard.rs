@@ -112,6 +112,7 @@ impl<B: ShardKeys> Sharded<B> {
             cost: hit.cost,
             counting,
             shards: 1,
+            lease_ms: hit.lease_ms,
         }
     }
 }
@@ -257,7 +258,7 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
@@ -271,20 +272,20 @@ mod tests {
 
     /// The memory backend, recording the batches it is asked to decide.
     #[derive(Default)]
-    struct Recording {
-        memory: MemoryBackend,
+    pub(crate) struct Recording {
+        pub(crate) memory: MemoryBackend,
         calls: Mutex<Vec<Vec<Hit>>>,
     }
 
     impl Recording {
-        fn at(clock: &ManualClock) -> Self {
+        pub(crate) fn at(clock: &ManualClock) -> Self {
             Recording {
                 memory: MemoryBackend::with_clock(Arc::new(clock.clone())),
                 calls: Mutex::default(),
             }
         }
 
-        fn calls(&self) -> Vec<Vec<Hit>> {
+        pub(crate) fn calls(&self) -> Vec<Vec<Hit>> {
             self.calls.lock().unwrap().clone()
         }
     }
@@ -324,6 +325,7 @@ mod tests {
             cost,
             counting: Counting::Admitted,
             shards,
+            lease_ms: 0,
         }
     }
 

@@ -405,6 +405,7 @@ fn rate_limit(field: Field<'_>) -> Read<RateLimitNode<Pos>> {
             .transpose()?,
         failure_mode: optional_text("failure_mode")?,
         counting: optional_text("counting")?,
+        lease: boolean(fields.get("lease"))?,
     })
 }
 

@@ -104,6 +104,9 @@ pub struct Limit {
     pub algorithm: Algorithm,
     /// `rate_limit.shards` (1 when absent).
     pub shards: u16,
+    /// `rate_limit.lease`: instances answer this limit from slices of its quota reserved in the
+    /// store (Redis), instead of calling the store for every hit.
+    pub lease: bool,
     /// `rate_limit.counting`: which hits this limit records; `None` means "the `--counting`
     /// flag" (under `tollgate serve` admitted hits only, under the `ratelimit` entry point every
     /// hit).
@@ -284,6 +287,9 @@ fn table_row(limit: &Limit) -> [String; 5] {
     }
     if limit.shards > 1 {
         flags.push(format!("shards={}", limit.shards));
+    }
+    if limit.lease {
+        flags.push("lease".to_string());
     }
     if let Some(counting) = limit.counting {
         flags.push(format!("counting={counting}"));

@@ -527,6 +527,7 @@ impl<'p, L: Location> Checker<'p, L> {
             window_ms,
             algorithm,
             shards,
+            lease: fields.lease && !unlimited,
             counting,
             failure_mode,
             unlimited,
@@ -643,6 +644,7 @@ mod tests {
             shards: None,
             failure_mode: None,
             counting: None,
+            lease: false,
         };
         DescriptorNode {
             at: FieldPath(path),

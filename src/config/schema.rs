@@ -95,6 +95,9 @@ pub(super) struct RateLimitNode<L> {
     /// `counting` (string: admitted, all): whether refused hits are charged too. tollgate's
     /// extension.
     pub counting: Option<Given<String, L>>,
+    /// `lease` (bool): instances answer from slices of the quota reserved in the store.
+    /// tollgate's extension.
+    pub lease: bool,
 }
 
 /// One item of a `replaces` list.
@@ -155,6 +158,7 @@ impl Place {
                 "shards",
                 "failure_mode",
                 "counting",
+                "lease",
             ],
             Place::Replaces => &["name"],
         }

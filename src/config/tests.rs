@@ -292,7 +292,7 @@ descriptors:
   - key: c
     rate_limit: {unit: HOUR, requests_per_unit: 10, shards: 4, failure_mode: deny}
   - key: d
-    rate_limit: {unit: Second, requests_per_unit: 10}
+    rate_limit: {unit: Second, requests_per_unit: 10, lease: true}
 "#,
     )
     .unwrap();
@@ -318,6 +318,8 @@ descriptors:
     assert_eq!(c.failure_mode, Some(FailureMode::Deny));
     assert_eq!(c.algorithm, Algorithm::SlidingWindowCounter);
     assert_eq!(limit("d").unit, Some(Unit::Second));
+    assert!(limit("d").lease);
+    assert!(!limit("c").lease, "not leased unless asked");
     // 10 hits over 4 shards is fewer than 10 per shard.
     assert_eq!(config.warnings().len(), 1);
     assert!(
@@ -336,7 +338,7 @@ domain: t
 descriptors:
   - key: a
     shadow_mode: true
-    rate_limit: {window: 90s, requests_per_unit: 100, shards: 2, failure_mode: deny, name: a}
+    rate_limit: {window: 90s, requests_per_unit: 100, shards: 2, failure_mode: deny, name: a, lease: true}
   - key: b
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: a}]}
@@ -360,6 +362,7 @@ descriptors:
                 "1m30s",
                 "shadow",
                 "shards=2",
+                "lease",
                 "failure_mode=deny",
                 "name=a"
             ],

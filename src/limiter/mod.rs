@@ -386,6 +386,11 @@ impl<B: Backend> Limiter<B> {
                         cost: cost_of(request, descriptor),
                         counting,
                         shards: limit.shards,
+                        lease_ms: if limit.lease {
+                            crate::backend::lease::lease_ms(limit.window_ms)
+                        } else {
+                            0
+                        },
                     });
                     Plan::Limited {
                         limit,
@@ -751,6 +756,7 @@ fn override_limit(domain: &str, descriptor: &Descriptor) -> Option<Arc<Limit>> {
         window_ms: unit.millis(),
         algorithm: Algorithm::default(),
         shards: 1,
+        lease: false,
         counting: None,
         failure_mode: None,
         unlimited: false,

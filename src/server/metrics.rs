@@ -250,6 +250,7 @@ impl Metrics {
         );
         crate::backend::observe::register(own);
         crate::backend::local_cache::register(own);
+        crate::backend::lease::register(own);
         Metrics {
             registry,
             requests: ByCode::new(&requests, true),

@@ -122,17 +122,30 @@ impl Backend for TestBackend {
 }
 
 /// Splits every limit over at least `shards` shards, as if each had `shards: N` in its policy:
-/// placed above `tollgate::backend::Sharded`, it runs whole suites on sharded windows.
+/// placed above `tollgate::backend::Sharded`, it runs whole suites on sharded windows. With
+/// [`ForceShards::leased`] every limit is also leased, as if each had `lease: true`, for a stack
+/// with `tollgate::backend::lease::Leased` below.
 #[derive(Debug)]
 pub struct ForceShards<B> {
     inner: B,
     shards: u16,
+    lease: bool,
 }
 
 impl<B> ForceShards<B> {
     /// Raises every hit's `shards` to at least `shards` before passing it to `inner`.
     pub fn new(inner: B, shards: u16) -> Self {
-        ForceShards { inner, shards }
+        ForceShards {
+            inner,
+            shards,
+            lease: false,
+        }
+    }
+
+    /// Also leases every limit, for the lease time `tollgate serve` gives its window.
+    pub fn leased(mut self) -> Self {
+        self.lease = true;
+        self
     }
 }
 
@@ -142,6 +155,11 @@ impl<B: Backend> Backend for ForceShards<B> {
             .iter()
             .map(|hit| Hit {
                 shards: hit.shards.max(self.shards),
+                lease_ms: if self.lease {
+                    tollgate::backend::lease::lease_ms(hit.window_ms)
+                } else {
+                    hit.lease_ms
+                },
                 ..hit.clone()
             })
             .collect();

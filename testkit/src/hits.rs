@@ -28,6 +28,7 @@ pub fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Co
         cost,
         counting: Counting::Admitted,
         shards: 1,
+        lease_ms: 0,
     }
 }
 

@@ -38,13 +38,16 @@ pub mod xds;
 /// ```ignore
 /// tollgate_testkit::cases! {
 ///     statuses_follow_request_order: exact;
-///     concurrent_instances_never_exceed_the_limit: every;
+///     concurrent_instances_never_exceed_the_limit: leased;
 ///     script_flush_is_survived: [redis, redis_cluster];
 /// }
 /// ```
 ///
 /// Target sets, chosen per case:
-/// - `every`: every store in every mode;
+/// - `every`: every store sharded or not, each limit decided in its store;
+/// - `leased`: `every` and the Redis stores with every limit leased, for cases whose promises
+///   hold whatever a hit's answer came from (a leased instance holds unspent slices, so cases
+///   that read exact usage from the store do not);
 /// - `exact`: every store composed as `tollgate serve` composes it, where each limit has exactly
 ///   the budget its policy gives it, for cases whose numbers depend on that;
 /// - `[name, ...]`: these targets only.
@@ -66,6 +69,13 @@ macro_rules! cases {
     ($case:ident: every; $($rest:tt)*) => {
         $crate::cases!(@case $case [
             memory, redis, redis_cluster, sharded_memory, sharded_redis, sharded_redis_cluster
+        ]);
+        $crate::cases!($($rest)*);
+    };
+    ($case:ident: leased; $($rest:tt)*) => {
+        $crate::cases!(@case $case [
+            memory, redis, redis_cluster, sharded_memory, sharded_redis, sharded_redis_cluster,
+            leased_redis, leased_redis_cluster, leased_sharded_redis, leased_sharded_redis_cluster
         ]);
         $crate::cases!($($rest)*);
     };

@@ -16,6 +16,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate::backend::lease::Leased;
 use tollgate::backend::local_cache::DEFAULT_BYTES;
 use tollgate::backend::{
     AnyBackend, Backend, ClusterBackend, LocalCache, MemoryBackend, RedisBackend, ShardKeys,
@@ -77,6 +78,11 @@ pub enum Mode {
     Plain,
     /// Every limit split over at least [`FORCED_SHARDS`] shards.
     Sharded,
+    /// Every limit leased (`lease: true`), with the leasing layer above sharding as `tollgate
+    /// serve` has it for a shared store.
+    Leased,
+    /// Every limit leased and split over at least [`FORCED_SHARDS`] shards.
+    LeasedSharded,
 }
 
 /// Whether a stack has the local over-limit cache.
@@ -180,6 +186,43 @@ impl Target {
         )
     }
 
+    /// The shared `redis-server` with every limit leased.
+    pub fn leased_redis() -> Target {
+        Target::new("leased_redis", Mode::Leased, Servers::shared_redis())
+    }
+
+    /// The shared Redis Cluster with every limit leased.
+    pub fn leased_redis_cluster() -> Target {
+        Target::new(
+            "leased_redis_cluster",
+            Mode::Leased,
+            Servers::shared_cluster(),
+        )
+    }
+
+    /// The shared `redis-server` with every limit leased and split over shards.
+    pub fn leased_sharded_redis() -> Target {
+        Target::new(
+            "leased_sharded_redis",
+            Mode::LeasedSharded,
+            Servers::shared_redis(),
+        )
+    }
+
+    /// The shared Redis Cluster with every limit leased and split over shards.
+    pub fn leased_sharded_redis_cluster() -> Target {
+        Target::new(
+            "leased_sharded_redis_cluster",
+            Mode::LeasedSharded,
+            Servers::shared_cluster(),
+        )
+    }
+
+    /// Whether this target leases its limits.
+    pub fn leases(&self) -> bool {
+        matches!(self.mode, Mode::Leased | Mode::LeasedSharded)
+    }
+
     /// The target's name, as its tests are named.
     pub fn name(&self) -> &'static str {
         self.name
@@ -238,10 +281,16 @@ impl Target {
 
     /// `stack` under this target's mode.
     fn moded(&self, stack: impl Backend) -> TestBackend {
-        match self.mode {
-            Mode::Plain => TestBackend::new(self.name, stack),
-            Mode::Sharded => TestBackend::new(self.name, ForceShards::new(stack, FORCED_SHARDS)),
-        }
+        let shards = match self.mode {
+            Mode::Plain => return TestBackend::new(self.name, stack),
+            Mode::Sharded => {
+                return TestBackend::new(self.name, ForceShards::new(stack, FORCED_SHARDS));
+            }
+            Mode::Leased => 1,
+            Mode::LeasedSharded => FORCED_SHARDS,
+        };
+        let leased = Leased::new(stack, Arc::new(MonotonicClock::new()), true);
+        TestBackend::new(self.name, ForceShards::new(leased, shards).leased())
     }
 
     /// A limiter with `config` and `settings` over a new backend instance.

@@ -19,9 +19,9 @@ use tollgate_testkit::target::Target;
 use crate::support::{ask, fresh, req};
 
 cases! {
-    refusals_are_answered_without_a_store_call: every;
-    a_raised_limit_or_smaller_cost_asks_the_store: every;
-    a_locally_refused_limit_gives_back_the_others: every;
+    refusals_are_answered_without_a_store_call: leased;
+    a_raised_limit_or_smaller_cost_asks_the_store: leased;
+    a_locally_refused_limit_gives_back_the_others: leased;
     cached_and_bare_agree_at_every_millisecond: [memory, redis, sharded_memory, sharded_redis];
     every_hit_counted_is_admitted_when_its_first_refusal_said: [memory, redis];
 }
@@ -143,9 +143,11 @@ async fn a_locally_refused_limit_gives_back_the_others(t: &Target) {
         assert_eq!(decision.overall, Code::OverLimit);
         assert_eq!(decision.statuses[0].code, Code::OverLimit);
         assert_eq!(decision.statuses[1].code, Code::Ok);
-        // Only `roomy` reached the store (on each shard tried), `tight` did not.
+        // Only `roomy` reached the store (on each shard tried), `tight` did not. (A leased
+        // `roomy` got its released unit back in its slice, and may not need the store at all.)
         let reached = store.hits() - asked;
-        assert!((1..=2).contains(&reached), "{reached} store hits");
+        let least = u64::from(!t.leases());
+        assert!((least..=2).contains(&reached), "{reached} store hits");
     }
     // Every charge of a refused request was given back: `roomy` still takes four more.
     let alone = req(vec![d(&[("roomy", &roomy)])]);

@@ -30,31 +30,31 @@ use crate::support::{
 
 cases! {
     statuses_follow_request_order: exact;
-    no_limit_applies: every;
+    no_limit_applies: leased;
     hits_addend_of_request_and_descriptor: exact;
     check_only_consumes_nothing: exact;
-    cost_above_the_limit_is_over_with_the_full_window: every;
-    zero_requests_per_unit_rejects_everything: every;
+    cost_above_the_limit_is_over_with_the_full_window: leased;
+    zero_requests_per_unit_rejects_everything: leased;
     shadow_descriptor_reports_ok_but_counts: exact;
     global_shadow_mode_changes_only_the_overall_code: exact;
     retry_after_is_the_largest_wait: exact;
     rejected_requests_consume_nothing: exact;
-    concurrent_rejected_requests_leave_no_residue: every;
-    concurrent_instances_never_exceed_the_limit: every;
-    sharded_limit_stays_within_the_limit: every;
-    share_threshold_values_share_one_counter: every;
-    quota_descriptors_reject_only_when_all_are_over: every;
-    descriptor_limit_override_applies_to_any_descriptor: every;
-    invalid_requests_are_refused_and_count_nothing: every;
+    concurrent_rejected_requests_leave_no_residue: leased;
+    concurrent_instances_never_exceed_the_limit: leased;
+    sharded_limit_stays_within_the_limit: leased;
+    share_threshold_values_share_one_counter: leased;
+    quota_descriptors_reject_only_when_all_are_over: leased;
+    descriptor_limit_override_applies_to_any_descriptor: leased;
+    invalid_requests_are_refused_and_count_nothing: leased;
     token_quota_debits_are_charged_where_every_hit_counts: exact;
     counting_is_chosen_per_limit_over_the_flag: exact;
-    counting_all_never_admits_more_than_the_limit: every;
-    descriptor_without_entries_is_ok_without_a_limit: every;
-    global_quota_mode_rejects_only_when_every_descriptor_is_over: every;
-    dynamic_metadata_only_when_asked_in_the_reference_shape: every;
+    counting_all_never_admits_more_than_the_limit: leased;
+    descriptor_without_entries_is_ok_without_a_limit: leased;
+    global_quota_mode_rejects_only_when_every_descriptor_is_over: leased;
+    dynamic_metadata_only_when_asked_in_the_reference_shape: leased;
     unreachable_backend_answers_each_failure_mode:
         [redis, redis_cluster, sharded_redis, sharded_redis_cluster];
-    backend_outage_then_recovery: [redis, redis_cluster];
+    backend_outage_then_recovery: [redis, redis_cluster, leased_redis, leased_redis_cluster];
 }
 
 /// Pairs of limits that differ only in their algorithm (`<name>` is the sliding window counter,
@@ -653,7 +653,18 @@ async fn concurrent_rejected_requests_leave_no_residue(t: &Target) {
             }
         };
         let admitted = admitted_units(&instances, (16, 40), plan, doomed_are_over).await;
-        assert_eq!(admitted, 10, "{}: {key}", t.name());
+        if t.leases() {
+            // A unit released back into an instance's slice stays with that instance until
+            // its lease ends: each of the two may end holding one (slices of a 10-per-hour
+            // limit are one unit).
+            assert!(
+                (8..=10).contains(&admitted),
+                "{}: {key}: {admitted}",
+                t.name()
+            );
+        } else {
+            assert_eq!(admitted, 10, "{}: {key}", t.name());
+        }
         let probe = with_addend(d(&[(&key, &v)]), 0);
         assert_one(&instances[0], probe, (Code::Ok, 0), &key).await;
         assert_one(&instances[0], d(&[(&key, &v)]), (Code::OverLimit, 0), &key).await;

@@ -12,14 +12,18 @@
 //! Every target runs with the local over-limit cache on, as `tollgate serve` does; the
 //! [`cache`] group proves it exact.
 //!
-//! Four groups:
+//! Five groups:
 //! - [`limiter`]: requests in, decisions out, on the wall clock: the assertions do not depend on
 //!   the instant (hour- and day-long windows, reset times within ranges, exact where the window
 //!   makes them exact);
 //! - [`clocked`]: the same with an injected clock, where every number is exact (memory, and one
 //!   Redis server told the time with each call);
 //! - [`backend`]: hits in, outcomes out: window math, weighted costs, releases, several limiters
-//!   in one call.
+//!   in one call;
+//! - [`lease`]: leased limits across instances: the invariant under concurrency, an instance
+//!   dying with a slice, a lowered limit, released hits.
+//!
+//! Cases marked `leased` also run with every limit leased on the Redis stores.
 //!
 //! The binary's tests share one `redis-server` and one Cluster, started on first use; each target
 //! has a key prefix of its own, and the few cases that stop their store get private servers.
@@ -27,5 +31,6 @@
 mod backend;
 mod cache;
 mod clocked;
+mod lease;
 mod limiter;
 mod support;

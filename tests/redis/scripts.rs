@@ -13,6 +13,8 @@ cases! {
     scripts_follow_the_window_math: [redis];
     retry_time_is_the_first_instant_that_admits: [redis];
     a_counter_key_keeps_only_two_windows: [redis];
+    a_leased_log_entry_counts_until_its_lease_ends: [redis];
+    settling_a_slice_gives_back_the_unspent_units: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
@@ -239,5 +241,98 @@ async fn a_counter_key_keeps_only_two_windows(t: &Target) {
         let k = (start + window * window_ms) / window_ms;
         let expected: Vec<u64> = if window == 0 { vec![k] } else { vec![k - 1, k] };
         assert_eq!(fields, expected, "window {window}");
+    }
+}
+
+/// A reserved slice of the log is stamped at the end of its lease: it stays in the window a
+/// lease longer than an ordinary hit would, because the slice may admit hits until then.
+async fn a_leased_log_entry_counts_until_its_lease_ends(t: &Target) {
+    let backend = connect(t).await;
+    let start = 1_700_000_000_000;
+    let slice = Hit {
+        lease_ms: 100,
+        ..hit(
+            &fresh_key("stamped"),
+            Algorithm::SlidingWindowLog,
+            10,
+            1000,
+            Cost::Consume(10),
+        )
+    };
+    let reserved = one_at(&backend, &slice, start).await;
+    assert!(reserved.verdict.admitted);
+    assert_eq!(reserved.verdict.reset_ms, 1100, "the window plus the lease");
+    let single = Hit {
+        lease_ms: 0,
+        cost: Cost::Consume(1),
+        ..slice.clone()
+    };
+    // A window after the reservation, the slice still counts: the hits it admitted may be as late
+    // as the lease's end.
+    let refused = one_at(&backend, &single, start + 1050).await;
+    assert!(!refused.verdict.admitted);
+    assert_eq!(
+        refused.verdict.reset_ms, 50,
+        "until the lease's end leaves the window"
+    );
+    assert!(
+        one_at(&backend, &single, start + 1100)
+            .await
+            .verdict
+            .admitted
+    );
+}
+
+/// Settling a slice gives back what it did not spend and keeps the rest; the log's entry moves
+/// back to the settlement's time (the server's clock), never later than it was.
+async fn settling_a_slice_gives_back_the_unspent_units(t: &Target) {
+    let backend = connect(t).await;
+    let window_ms = 60_000;
+    for algorithm in ALGORITHMS {
+        // Decided ten seconds ahead of the server's clock, so the settlement (which reads the
+        // server's clock) is earlier than the slice's stamp.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after the epoch")
+            .as_millis() as u64
+            + 10_000;
+        let slice = Hit {
+            lease_ms: 1000,
+            ..hit(
+                &fresh_key("settled"),
+                algorithm,
+                10,
+                window_ms,
+                Cost::Consume(10),
+            )
+        };
+        let reserved = one_at(&backend, &slice, now).await;
+        let receipt = reserved.receipt.expect("an admitted slice has a receipt");
+        backend
+            .release(&[Receipt { keep: 4, ..receipt }])
+            .await
+            .expect("settled");
+        let single = |cost| Hit {
+            lease_ms: 0,
+            cost: Cost::Consume(cost),
+            ..slice.clone()
+        };
+        assert!(
+            one_at(&backend, &single(6), now).await.verdict.admitted,
+            "{algorithm}: the six unspent units are back"
+        );
+        let refused = one_at(&backend, &single(1), now).await;
+        assert!(
+            !refused.verdict.admitted,
+            "{algorithm}: the four spent stay"
+        );
+        if algorithm == Algorithm::SlidingWindowLog {
+            // The kept entry is the oldest: it now leaves the window before `now + window`,
+            // where an entry stamped at the lease's end would have left a second after it.
+            assert!(
+                refused.verdict.reset_ms < window_ms - 5_000,
+                "{algorithm}: the kept entry moved back to the settlement: {refused:?}"
+            );
+        }
     }
 }

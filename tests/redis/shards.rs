@@ -165,6 +165,7 @@ impl Limit {
             cost,
             counting: Counting::Admitted,
             shards: 1,
+            lease_ms: 0,
         }
     }
 
@@ -396,6 +397,7 @@ async fn refunds_restore_the_charged_shard(t: &Target) {
                 cost: Cost::Consume(2),
                 counting: Counting::Admitted,
                 shards: limit.shards,
+                lease_ms: 0,
             };
             let outcome = backend.acquire(&[hit]).await.remove(0).expect("an answer");
             assert!(outcome.verdict.admitted, "{limit:?}");

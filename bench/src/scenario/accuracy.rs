@@ -292,6 +292,7 @@ async fn simulate(
             cost: Cost::Consume(arrival.units),
             counting: Counting::Admitted,
             shards,
+            lease_ms: 0,
         };
         let outcome = backend
             .acquire(std::slice::from_ref(&hit))
@@ -333,6 +334,7 @@ async fn memory_per_hit(
         cost: Cost::Consume(1),
         counting: Counting::Admitted,
         shards: 1,
+        lease_ms: 0,
     };
     let key = format!("perhit-{}-{hits}", algorithm.name());
     let memory = MemoryBackend::new();

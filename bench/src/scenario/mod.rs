@@ -15,6 +15,7 @@ pub mod accuracy;
 pub mod attack;
 pub mod cost;
 pub mod hotkey;
+pub mod lease;
 pub mod matrix;
 pub mod memory;
 pub mod overload;
@@ -61,11 +62,13 @@ pub enum ScenarioName {
     RedisCpu,
     /// The per-limit statistics' cost on the memory backend: before and after, interleaved.
     Cost,
+    /// One hot limit shared by several instances, leased and unleased.
+    Lease,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 8] = [
+    pub const ALL: [ScenarioName; 9] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -74,6 +77,7 @@ impl ScenarioName {
         ScenarioName::Accuracy,
         ScenarioName::RedisCpu,
         ScenarioName::Cost,
+        ScenarioName::Lease,
     ];
 
     /// The name in records, file names and report markers.
@@ -87,6 +91,7 @@ impl ScenarioName {
             ScenarioName::Accuracy => "accuracy",
             ScenarioName::RedisCpu => "redis-cpu",
             ScenarioName::Cost => "cost",
+            ScenarioName::Lease => "lease",
         }
     }
 }
@@ -102,6 +107,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Accuracy => Box::new(accuracy::Accuracy::new(defaults())),
         ScenarioName::RedisCpu => Box::new(redis_cpu::RedisCpu::new(defaults())),
         ScenarioName::Cost => Box::new(cost::Cost::new(defaults())),
+        ScenarioName::Lease => Box::new(lease::Lease::new(defaults())),
     }
 }
 

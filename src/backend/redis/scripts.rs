@@ -4,7 +4,7 @@ use std::io::Write as _;
 
 use redis::{Cmd, RedisWrite as _, Value};
 
-use crate::backend::{BackendError, Hit, Outcome, Receipt};
+use crate::backend::{BackendError, Hit, Outcome, Receipt, lease};
 use crate::window::{self, Algorithm, Cost, Counting, Verdict};
 
 use super::keys::{COUNTER_KEYS, KeySpace, LOG_KEYS};
@@ -105,6 +105,18 @@ impl Scripts {
             Counting::Admitted => 0,
             Counting::All => 1,
         };
+        let args = match hit.algorithm {
+            Algorithm::SlidingWindowCounter => {
+                Args::new([limit, hit.window_ms, cost, count_refused])
+            }
+            Algorithm::SlidingWindowLog => Args::new([
+                limit,
+                hit.window_ms,
+                cost,
+                count_refused,
+                hit.lease_ms.min(lease::MAX_LEASE_MS),
+            ]),
+        };
         let (script, suffixes) = match hit.algorithm {
             Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS),
             Algorithm::SlidingWindowLog => (&self.log, LOG_KEYS),
@@ -112,29 +124,39 @@ impl Scripts {
         Ok(Call {
             script,
             suffixes,
-            args: Args::new([limit, hit.window_ms, cost, count_refused]),
+            args,
             base: keys.base(&hit.key),
         })
     }
 
-    /// The call that gives back the charge `receipt` names.
+    /// The call that gives back the charge `receipt` names, all of it but `receipt.keep`.
     pub fn refund<'a>(&'a self, receipt: &Receipt) -> Call<'a> {
-        let (script, suffixes) = match receipt.algorithm {
-            Algorithm::SlidingWindowCounter => (&self.counter_refund, COUNTER_KEYS),
-            Algorithm::SlidingWindowLog => (&self.log_refund, LOG_KEYS),
+        let keep = receipt.keep.min(receipt.cost);
+        let (script, suffixes, args) = match receipt.algorithm {
+            Algorithm::SlidingWindowCounter => (
+                &self.counter_refund,
+                COUNTER_KEYS,
+                Args::new([receipt.token, receipt.cost - keep]),
+            ),
+            // The log names its entry by id and cost, and rewrites it to the kept units.
+            Algorithm::SlidingWindowLog => (
+                &self.log_refund,
+                LOG_KEYS,
+                Args::new([receipt.token, receipt.cost, keep]),
+            ),
         };
         Call {
             script,
             suffixes,
-            args: Args::new([receipt.token, receipt.cost]),
+            args,
             base: receipt.key.clone(),
         }
     }
 }
 
-/// The most arguments a script takes: an acquire's limit, window, cost and counting, and a
-/// decision time.
-const MAX_ARGS: usize = 5;
+/// The most arguments a script takes: a log acquire's limit, window, cost, counting and lease
+/// time, and a decision time.
+const MAX_ARGS: usize = 6;
 
 /// A script call's integer arguments, kept inline: a call is built for every hit.
 #[derive(Debug, Clone, Copy)]
@@ -235,6 +257,8 @@ impl Call<'_> {
                 token: u64::try_from(token).unwrap_or(0),
                 cost,
                 released_remaining: verdict.remaining.saturating_add(cost),
+                keep: 0,
+                leased: false,
             }),
             _ => None,
         };

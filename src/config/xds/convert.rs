@@ -269,6 +269,7 @@ fn rate_limit(
         shards,
         failure_mode: text(&extension.failure_mode, "failure_mode"),
         counting: text(&extension.counting, "counting"),
+        lease: extension.lease,
     })
 }
 
@@ -600,6 +601,7 @@ mod tests {
             shards: 4,
             failure_mode: "deny".into(),
             counting: "all".into(),
+            lease: true,
         });
         let plain = node("user", "", limit(RateLimitUnit::Minute, 5));
         let config = load(&[resource(
@@ -613,6 +615,7 @@ mod tests {
         assert_eq!(tenant.algorithm, Algorithm::SlidingWindowLog);
         assert_eq!((tenant.window_ms, tenant.unit), (90_000, None));
         assert_eq!(tenant.shards, 4);
+        assert!(tenant.lease, "the extension's lease reaches the limit");
         assert_eq!(tenant.failure_mode, Some(crate::config::FailureMode::Deny));
         assert_eq!(tenant.counting, Some(crate::window::Counting::All));
         let user = domain.resolve(&entries(&[("user", "u")])).unwrap().limit;
