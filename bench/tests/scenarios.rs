@@ -332,7 +332,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     // redis-cpu: both floors, and script time for every point.
     let redis_cpu = records(&results, "redis-cpu");
     let floors = of_kind(&redis_cpu, "floor");
-    assert_eq!(floors.len(), 2, "{floors:?}");
+    assert_eq!(floors.len(), 3, "{floors:?}");
     for floor in &floors {
         assert!(number(floor, &["usec_per_decision"]) > 0.0, "{floor}");
     }
@@ -342,7 +342,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(number(run, &["script_calls"]) > 0.0, "{run}");
         assert!(number(run, &["script_usec"]) > 0.0, "{run}");
     }
-    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 2);
+    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 3);
     // cost: both tollgates decided, and the ratio of their throughputs is written.
     let cost = records(&results, "cost");
     let cost_runs = of_kind(&cost, "run");
