@@ -23,10 +23,16 @@
 -- above L and every computation below allows for it.
 --
 -- The math is the window spec of tollgate (src/window.rs), in integers scaled by W: used*W =
--- prev*(W-e) + curr*W. Those products reach L*W, beyond the 2^53 that a Lua number holds exactly,
--- so they are computed with the exact helpers below, which stay on plain numbers while a value is
--- below 2^53 and switch to base-2^24 limbs above it. Every value the script stores or returns is
--- below 2^53.
+-- prev*(W-e) + curr*W. When (prev + curr + c + L + 1) * W is below 2^53, every product, sum and
+-- quotient below is too, and plain Lua numbers decide exactly: that is the path nearly every
+-- call takes, written with plain operators because a helper call per operation costs more Redis
+-- CPU than the arithmetic. Beyond it (limits or counts near 2^53, or huge windows), the same
+-- decision runs on exact helpers that switch to base-2^24 limbs above 2^53, defined only on that
+-- path. Every value the script stores or returns is below 2^53.
+--
+-- The TTL is set on the first charge of a fixed window only: every later charge of the window
+-- would set the same expiry instant (the end of window k+1 plus the margin), so repeating it
+-- would cost a command and change nothing.
 
 if redis.replicate_commands then
   -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
@@ -37,6 +43,106 @@ local BASE = 16777216 -- 2^24, one limb
 local EXACT = 9007199254740992 -- 2^53, the first integer a Lua number may not hold exactly
 local MAX_COUNT = EXACT - 1 -- the most one fixed window records
 local MARGIN_MS = 5000 -- keys outlive their last useful instant by this much
+
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+-- Records window k's new count; on the window's first charge, also sets the key's expiry and
+-- drops the fields of windows older than k-1 (they can only be left behind when the window
+-- index moves on, and a refund deletes a field it empties, so a first charge is when to look).
+local function record(key, k, field, start, window, now, count, first_in_window)
+  redis.call('HSET', key, field, int(count))
+  if first_in_window then
+    -- window k counts until the end of window k+1
+    redis.call('PEXPIRE', key, int(start + 2 * window - now + MARGIN_MS))
+    if redis.call('HLEN', key) > 2 then
+      for _, name in ipairs(redis.call('HKEYS', key)) do
+        local index = tonumber(name)
+        if index == nil or index < k - 1 then
+          redis.call('HDEL', key, name)
+        end
+      end
+    end
+  end
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local count_refused = ARGV[4] == '1'
+local now
+if ARGV[5] then
+  now = tonumber(ARGV[5])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local k = math.floor(now / window)
+if k * window > now then
+  k = k - 1
+end
+local start = k * window
+local elapsed = now - start
+
+local field = int(k)
+local counts = redis.call('HMGET', key, int(k - 1), field)
+local prev = tonumber(counts[1]) or 0
+local curr = tonumber(counts[2]) or 0
+
+-- The plain path: every value below is an integer below 2^53 (see the header).
+if (prev + curr + cost + limit + 1) * window < EXACT then
+  local full = limit * window
+  local scaled = prev * (window - elapsed) + curr * window
+  local admitted
+  if cost == 0 then
+    admitted = scaled <= full
+  elseif cost > limit then
+    admitted = false
+  else
+    admitted = scaled + cost * window <= full
+  end
+  if cost > 0 and (admitted or count_refused) then
+    -- curr + c is below 2^53, so the saturation of the wide path never applies here
+    local first_in_window = curr == 0
+    curr = curr + cost
+    record(key, k, field, start, window, now, curr, first_in_window)
+    scaled = scaled + cost * window
+  end
+  local remaining = 0
+  if scaled < full then
+    -- (full - scaled) + W <= (L + 1) * W: below 2^53, so the float quotient's floor is exact
+    -- (the argument is at div_floor below)
+    remaining = math.floor((full - scaled) / window)
+  end
+  local reset
+  if admitted then
+    if curr > 0 then
+      reset = start + 2 * window - now
+    elseif prev > 0 then
+      reset = start + window - now
+    else
+      reset = 0
+    end
+  elseif cost > limit then
+    reset = window
+  else
+    local budget = full - cost * window
+    local curr_scaled = curr * window
+    if curr_scaled <= budget and prev > 0 then
+      reset = start + window - math.floor((budget - curr_scaled) / prev) - now
+    elseif curr > 0 then
+      reset = start + 2 * window - math.floor(budget / curr) - now
+    else
+      reset = 0
+    end
+  end
+  return { admitted and 1 or 0, remaining, reset, k }
+end
+
+-- The wide path: the same decision on exact integers of any size.
 
 -- Exact non-negative integers: a Lua number when below 2^53, else a table of limbs, least
 -- significant first, with no leading zero limb.
@@ -184,34 +290,6 @@ local function div_floor(a, d)
   return q
 end
 
-local function int(n)
-  return string.format('%.0f', n)
-end
-
-local key = KEYS[1]
-local limit = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local count_refused = ARGV[4] == '1'
-local now
-if ARGV[5] then
-  now = tonumber(ARGV[5])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local k = math.floor(now / window)
-if k * window > now then
-  k = k - 1
-end
-local start = k * window
-local elapsed = now - start
-
-local counts = redis.call('HMGET', key, int(k - 1), int(k))
-local prev = tonumber(counts[1]) or 0
-local curr = tonumber(counts[2]) or 0
-
 local full = mul(limit, window)
 local scaled = add(mul(prev, window - elapsed), mul(curr, window))
 
@@ -226,9 +304,6 @@ else
 end
 
 if cost > 0 and (admitted or count_refused) then
-  -- older windows' fields can only be left behind when the window index moves on, that is on
-  -- the first charge of window k (its field does not exist yet: a refund deletes a field it
-  -- empties); later charges in k need not look for them
   local first_in_window = curr == 0
   -- an admitted charge stays within L; a refused one saturates at MAX_COUNT
   local after = add(curr, cost)
@@ -236,18 +311,8 @@ if cost > 0 and (admitted or count_refused) then
     after = MAX_COUNT
   end
   curr = after
-  redis.call('HSET', key, int(k), int(curr))
+  record(key, k, field, start, window, now, curr, first_in_window)
   scaled = add(mul(prev, window - elapsed), mul(curr, window))
-  -- window k counts until the end of window k+1
-  redis.call('PEXPIRE', key, int(start + 2 * window - now + MARGIN_MS))
-  if first_in_window and redis.call('HLEN', key) > 2 then
-    for _, field in ipairs(redis.call('HKEYS', key)) do
-      local index = tonumber(field)
-      if index == nil or index < k - 1 then
-        redis.call('HDEL', key, field)
-      end
-    end
-  end
 end
 
 local remaining = 0

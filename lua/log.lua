@@ -30,8 +30,9 @@
 -- hit adds an entry of min(c, L+1) only when ARGV[4] is 1, so the sum may be above L. An entry at
 -- time x is inside the window at t iff x > t - W; entries stamped ahead count in full from the
 -- moment they are added. Every key outlives its newest entry's stay in the window (ahead is
--- below MARGIN_MS, so a later call's PEXPIRE never cuts an earlier entry short). Costs, sums and ids stay below 2^53, so plain
--- Lua numbers are exact here.
+-- below MARGIN_MS, so a later call's PEXPIRE never cuts an earlier entry short), and both keys
+-- always carry the same expiry. Costs, sums and ids stay below 2^53, so plain Lua numbers are
+-- exact here.
 
 if redis.replicate_commands then
   -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
@@ -80,16 +81,24 @@ if #expired > 0 then
   end
   changed = true
 end
-local entries = redis.call('ZCARD', log)
-if entries == 0 then
-  used = 0
-elseif used == nil or used < 0 then
-  -- the sum was lost (or damaged): rebuild it from the members
-  used = 0
-  for _, member in ipairs(redis.call('ZRANGE', log, 0, -1)) do
-    used = used + cost_of(member)
+-- Members are counted only when the sum cannot vouch for them. A positive sum means members:
+-- every member costs at least 1, every script that changes one key changes the other, and both
+-- keys always get the same expiry, the hash's first, so the hash never outlives the log with a
+-- sum of members that expired with it. The common call skips the count; nil stands for "at
+-- least one" below.
+local entries = nil
+if used == nil or used <= 0 then
+  entries = redis.call('ZCARD', log)
+  if entries == 0 then
+    used = 0
+  elseif used == nil or used < 0 then
+    -- the sum was lost (or damaged): rebuild it from the members
+    used = 0
+    for _, member in ipairs(redis.call('ZRANGE', log, 0, -1)) do
+      used = used + cost_of(member)
+    end
+    changed = true
   end
-  changed = true
 end
 
 local admitted
@@ -120,16 +129,19 @@ if entry > 0 then
   if admitted then
     stamp = now + ahead
   end
-  redis.call('ZADD', log, int(stamp), int(id) .. ':' .. int(entry))
+  redis.call('ZADD', log, int(stamp), string.format('%.0f:%.0f', id, entry))
   redis.call('HSET', meta, 'sum', int(used), 'seq', int(id))
-  redis.call('PEXPIRE', log, int(window + (stamp - now) + MARGIN_MS))
-  redis.call('PEXPIRE', meta, int(window + (stamp - now) + MARGIN_MS))
+  local ttl = int(window + (stamp - now) + MARGIN_MS)
+  redis.call('PEXPIRE', meta, ttl)
+  redis.call('PEXPIRE', log, ttl)
 elseif changed then
   if entries == 0 then
     redis.call('DEL', meta)
   else
     redis.call('HSET', meta, 'sum', int(used))
-    redis.call('PEXPIRE', meta, int(window + MARGIN_MS))
+    local ttl = int(window + MARGIN_MS)
+    redis.call('PEXPIRE', meta, ttl)
+    redis.call('PEXPIRE', log, ttl)
   end
 end
 
@@ -142,7 +154,7 @@ local reset = 0
 if admitted then
   if cost > 0 then
     reset = window + ahead
-  elseif entries > 0 then
+  elseif entries ~= 0 then
     local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
     reset = tonumber(newest[2]) + window - now
   end

@@ -428,7 +428,7 @@ fn invalid_files_fail_at_the_offending_node() {
         ),
         (
             "unknown_key_in_rate_limit.yaml",
-            "6:7: unknown key `requestsperunit` in `rate_limit`; did you mean `requests_per_unit`? (allowed: `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `window`, `shards`, `failure_mode`, `counting`)",
+            "6:7: unknown key `requestsperunit` in `rate_limit`; did you mean `requests_per_unit`? (allowed: `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `window`, `shards`, `failure_mode`, `counting`, `lease`)",
         ),
         (
             "unknown_top_key.yaml",

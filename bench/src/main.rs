@@ -1,14 +1,15 @@
 //! `tollgate-bench`: tollgate's one benchmark tool.
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
-//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`) start
-//! what they need (tollgate as a process, Redis and a Redis Cluster through the testkit,
-//! redis-benchmark for the ceilings), measure, keep every run as a JSON line in `target/bench/`,
-//! and print their report section; `report` runs several of them and writes
-//! `docs/performance.md`. See `tollgate-bench --help`.
+//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`,
+//! `grpc-floor`) start what they need (tollgate as a process, Redis and a Redis Cluster through
+//! the testkit, redis-benchmark for the ceilings, an empty RLS server), measure, keep every run
+//! as a JSON line in `target/bench/`, and print their report section; `report` runs several of
+//! them and writes `docs/performance.md`. See `tollgate-bench --help`.
 
 mod ceiling;
 mod doc;
+mod empty;
 mod load;
 mod machine;
 mod proc;
@@ -25,6 +26,7 @@ use crate::report::ReportArgs;
 use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
 use crate::scenario::cost::{Cost, CostOptions};
+use crate::scenario::grpc_floor::{GrpcFloor, GrpcFloorOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::lease::{Lease, LeaseOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
@@ -136,6 +138,20 @@ enum Command {
         options: LeaseOptions,
     },
 
+    /// tollgate on the memory backend against an empty RLS server (the same gRPC service
+    /// answering OK without deciding), interleaved runs: the throughput ratio, CPU per decision,
+    /// and the latency at half of tollgate's peak.
+    GrpcFloor {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: GrpcFloorOptions,
+    },
+
+    /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
+    /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
+    EmptyServer(empty::EmptyServerArgs),
+
     /// Run scenarios and write their results into docs/performance.md.
     Report(ReportArgs),
 }
@@ -163,6 +179,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::RedisCpu { scale, options } => run_one(&scale, &RedisCpu::new(options)),
         Command::Cost { scale, options } => run_one(&scale, &Cost::new(options)),
         Command::Lease { scale, options } => run_one(&scale, &Lease::new(options)),
+        Command::GrpcFloor { scale, options } => run_one(&scale, &GrpcFloor::new(options)),
+        Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
     }
 }

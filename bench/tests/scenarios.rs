@@ -138,6 +138,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         "redis-cpu",
         "cost",
         "lease",
+        "grpc-floor",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -331,7 +332,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     // redis-cpu: both floors, and script time for every point.
     let redis_cpu = records(&results, "redis-cpu");
     let floors = of_kind(&redis_cpu, "floor");
-    assert_eq!(floors.len(), 2, "{floors:?}");
+    assert_eq!(floors.len(), 3, "{floors:?}");
     for floor in &floors {
         assert!(number(floor, &["usec_per_decision"]) > 0.0, "{floor}");
     }
@@ -341,7 +342,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(number(run, &["script_calls"]) > 0.0, "{run}");
         assert!(number(run, &["script_usec"]) > 0.0, "{run}");
     }
-    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 2);
+    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 3);
     // cost: both tollgates decided, and the ratio of their throughputs is written.
     let cost = records(&results, "cost");
     let cost_runs = of_kind(&cost, "run");
@@ -419,6 +420,30 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         10
     );
     assert_eq!(table_after(&doc, "#### Twice the limit").len(), 8);
+
+    // grpc-floor: tollgate and the empty server both answered, closed loop and at half of
+    // tollgate's peak; the ratio is written.
+    let floor = records(&results, "grpc-floor");
+    let floor_runs = of_kind(&floor, "run");
+    assert_eq!(floor_runs.len(), 4, "{floor_runs:?}");
+    for server in ["tollgate", "empty"] {
+        for open in [false, true] {
+            let run = floor_runs
+                .iter()
+                .find(|r| r["server"] == server && r["target_rate"].is_null() != open)
+                .unwrap_or_else(|| panic!("no grpc-floor run of {server}, open loop {open}"));
+            assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
+            assert!(number(run, &["cpu_seconds"]) >= 0.0, "{run}");
+        }
+    }
+    assert_eq!(
+        table_after(&doc, "### tollgate against an empty RLS server").len(),
+        2
+    );
+    assert!(
+        doc.contains("tollgate ÷ empty server, the median of the runs' ratios: "),
+        "{doc}"
+    );
 
     // The report is a function of the results alone.
     let again = dir.path().join("again.md");

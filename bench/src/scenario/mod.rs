@@ -14,6 +14,7 @@
 pub mod accuracy;
 pub mod attack;
 pub mod cost;
+pub mod grpc_floor;
 pub mod hotkey;
 pub mod lease;
 pub mod matrix;
@@ -64,11 +65,13 @@ pub enum ScenarioName {
     Cost,
     /// One hot limit shared by several instances, leased and unleased.
     Lease,
+    /// tollgate on the memory backend against an empty RLS server.
+    GrpcFloor,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 9] = [
+    pub const ALL: [ScenarioName; 10] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -78,6 +81,7 @@ impl ScenarioName {
         ScenarioName::RedisCpu,
         ScenarioName::Cost,
         ScenarioName::Lease,
+        ScenarioName::GrpcFloor,
     ];
 
     /// The name in records, file names and report markers.
@@ -92,6 +96,7 @@ impl ScenarioName {
             ScenarioName::RedisCpu => "redis-cpu",
             ScenarioName::Cost => "cost",
             ScenarioName::Lease => "lease",
+            ScenarioName::GrpcFloor => "grpc-floor",
         }
     }
 }
@@ -108,6 +113,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::RedisCpu => Box::new(redis_cpu::RedisCpu::new(defaults())),
         ScenarioName::Cost => Box::new(cost::Cost::new(defaults())),
         ScenarioName::Lease => Box::new(lease::Lease::new(defaults())),
+        ScenarioName::GrpcFloor => Box::new(grpc_floor::GrpcFloor::new(defaults())),
     }
 }
 

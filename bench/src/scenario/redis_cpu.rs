@@ -1,5 +1,5 @@
 //! `redis-cpu`: what one decision costs Redis, per algorithm × backend × shards and traffic mix,
-//! beside two floors measured on the same server in the same run.
+//! beside three floors measured on the same server in the same run.
 //!
 //! Redis CPU is read from `INFO commandstats` (reset before each run): the microseconds Redis
 //! spent in `evalsha` and `eval`, which include every command a script runs inside, over the
@@ -10,8 +10,9 @@
 //!
 //! The floors, on the single server with redis-benchmark (one call in flight per connection):
 //! a minimal script (`TIME`, `HINCRBY`, `PEXPIRE`: the least a script that counts in a window
-//! and keeps a TTL does), and the commands envoyproxy/ratelimit sends per decision (`INCRBY`
-//! and `EXPIRE`, no script), whose microseconds per decision are the sum of the two.
+//! and keeps a TTL does), the commands an admitted hit of the log runs with no decision between
+//! them, and the commands envoyproxy/ratelimit sends per decision (`INCRBY` and `EXPIRE`, no
+//! script), whose microseconds per decision are the sum of the two.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -34,6 +35,21 @@ use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats};
 const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
      redis.call('HINCRBY', KEYS[1], math.floor(tonumber(now[1]) / 60), 1) \
      redis.call('PEXPIRE', KEYS[1], 120000) return 1";
+
+/// The commands an admitted hit of the sliding window log runs (`TIME`, `ZRANGEBYSCORE`,
+/// `HMGET`, `ZADD`, `HSET`, two `PEXPIRE`) with no decision between them: the least the log's
+/// data layout (a sorted set of entries beside a hash of its sum and last id) costs per hit. The
+/// hash's key is derived from the log's, because redis-benchmark draws every `__rand_int__` of a
+/// command on its own.
+const LOG_COMMANDS_SCRIPT: &str = "local log = KEYS[1] local meta = log .. ':m' \
+     local t = redis.call('TIME') \
+     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+     redis.call('ZRANGEBYSCORE', log, '-inf', now - 60000) \
+     local state = redis.call('HMGET', meta, 'sum', 'seq') \
+     local id = (tonumber(state[2]) or now * 1000) + 1 \
+     redis.call('ZADD', log, now, id .. ':1') \
+     redis.call('HSET', meta, 'sum', (tonumber(state[1]) or 0) + 1, 'seq', id) \
+     redis.call('PEXPIRE', meta, 65000) redis.call('PEXPIRE', log, 65000) return 1";
 
 /// The options of `redis-cpu`.
 #[derive(Debug, Clone, clap::Args)]
@@ -213,6 +229,21 @@ fn floors(
             run,
             usec_per_decision: usec_per_call(&stats, "evalsha")?,
         });
+        let sha = server.cli(&["SCRIPT", "LOAD", LOG_COMMANDS_SCRIPT]);
+        if sha.len() != 40 {
+            bail!("SCRIPT LOAD of the log's commands answered `{sha}`");
+        }
+        let stats = benchmark(
+            nodes,
+            concurrency,
+            requests,
+            &["EVALSHA", &sha, "1", "floor:log:{__rand_int__}"],
+        )?;
+        out.push(Floor {
+            name: "the log's commands, no decision".to_owned(),
+            run,
+            usec_per_decision: usec_per_call(&stats, "evalsha")?,
+        });
         let incr = benchmark(
             nodes,
             concurrency,
@@ -346,8 +377,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          call and per decision. One descriptor; *admitted*: 10,000 keys under a limit no load \
          reaches; *refused*: one key whose limit (10 a minute per shard) the warmup spends. \
          *Floors*, on the single server in the same run with redis-benchmark: a minimal script \
-         (`TIME`, `HINCRBY`, `PEXPIRE`) and envoyproxy/ratelimit's `INCRBY` + `EXPIRE` per \
-         decision.\n",
+         (`TIME`, `HINCRBY`, `PEXPIRE`), the commands an admitted hit of the log runs with no \
+         decision between them, and envoyproxy/ratelimit's `INCRBY` + `EXPIRE` per decision.\n",
         measured(&conditions),
     );
     let mut table = Table::new(&[

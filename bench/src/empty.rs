@@ -1,0 +1,81 @@
+//! An empty RLS v3 server: the same gRPC service tollgate serves, with the same transport
+//! (tonic, TCP_NODELAY, tokio's multi-threaded runtime), answering every call with OK and one
+//! OK status per descriptor without looking at anything else. It is the floor a decision's cost
+//! is measured against: what gRPC itself costs on this machine.
+//!
+//! `tollgate-bench empty-server` runs it as a process of its own, so that it is measured exactly
+//! as tollgate is (beside, not inside, the load generator); it prints `listening on ADDR` once
+//! bound.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tollgate::proto::rate_limit_response::{Code, DescriptorStatus};
+use tollgate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use tollgate::proto::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+/// The options of `tollgate-bench empty-server`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EmptyServerArgs {
+    /// Address to listen on; port 0 picks a free one (the one bound is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+}
+
+/// The service: every descriptor OK, nothing counted.
+struct Empty;
+
+#[tonic::async_trait]
+impl RateLimitService for Empty {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let statuses = request
+            .get_ref()
+            .descriptors
+            .iter()
+            .map(|_| DescriptorStatus {
+                code: Code::Ok as i32,
+                ..DescriptorStatus::default()
+            })
+            .collect();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+/// Serves the empty service on `listener` until the process ends.
+pub async fn serve(listener: TcpListener) -> anyhow::Result<()> {
+    tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(Empty))
+        .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
+        .await
+        .context("serving the empty RLS server")
+}
+
+/// `tollgate-bench empty-server`: binds, says where, serves on a runtime like tollgate's.
+pub fn run(args: &EmptyServerArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on {addr}")?;
+        out.flush()?;
+        drop(out);
+        serve(listener).await
+    })
+}

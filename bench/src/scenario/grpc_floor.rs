@@ -1,0 +1,331 @@
+//! `grpc-floor`: tollgate on the memory backend against an empty RLS server, the floor of what
+//! a decision can cost beside gRPC itself.
+//!
+//! The empty server ([`crate::empty`]) is the same gRPC service on the same transport, answering
+//! OK without deciding; it runs as a process of its own, as tollgate does. Each run measures both
+//! closed loop, one after the other, alternating which goes first so the machine's other work
+//! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
+//! latency a server has when it is not saturated. Reported: decisions per second of each, their
+//! ratio (the median of the runs' ratios), CPU per decision of each process, and the latency at
+//! half the peak.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::doc::{Align, Table, count, count_range, fixed, measured, median, ms, range, times};
+use crate::load::summary::Summary;
+use crate::scenario::{
+    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
+    micros_per, policy, records_of, say, uniform_shape,
+};
+use crate::stand::{Backend, Stand};
+
+/// The options of `grpc-floor`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GrpcFloorOptions {
+    /// Calls in flight, over all connections.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+
+    /// HTTP/2 connections of the load generator to each server.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+
+    /// Distinct values of the descriptor, drawn uniformly.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub keys: u64,
+}
+
+/// The `grpc-floor` scenario.
+pub struct GrpcFloor {
+    options: GrpcFloorOptions,
+}
+
+impl GrpcFloor {
+    /// The scenario with `options`.
+    pub fn new(options: GrpcFloorOptions) -> GrpcFloor {
+        GrpcFloor { options }
+    }
+}
+
+/// Which server a run measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Server {
+    /// tollgate on the memory backend, deciding every hit.
+    Tollgate,
+    /// The empty RLS server.
+    Empty,
+}
+
+impl Server {
+    fn label(self) -> &'static str {
+        match self {
+            Server::Tollgate => "tollgate, memory backend",
+            Server::Empty => "empty RLS server",
+        }
+    }
+}
+
+/// One measured run of one server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FloorRun {
+    /// Which server.
+    pub server: Server,
+    /// Run number, from 1.
+    pub run: u32,
+    /// Calls in flight.
+    pub concurrency: u32,
+    /// The open-loop rate, or `None` for the closed-loop peak.
+    pub target_rate: Option<f64>,
+    /// What the load generator saw.
+    pub load: Summary,
+    /// CPU seconds the server process used during the run.
+    pub cpu_seconds: f64,
+}
+
+/// The empty server as a child process, killed when dropped.
+struct EmptyProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl EmptyProcess {
+    fn start() -> anyhow::Result<EmptyProcess> {
+        let exe = std::env::current_exe().context("finding tollgate-bench itself")?;
+        let mut child = Command::new(exe)
+            .args(["empty-server", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the empty RLS server")?;
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            BufReader::new(stdout).read_line(&mut line)?;
+        }
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|addr| addr.parse().ok());
+        match addr {
+            Some(addr) => Ok(EmptyProcess { child, addr }),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the empty RLS server did not say where it listens: {line:?}")
+            }
+        }
+    }
+
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        crate::proc::cpu_seconds(self.child.id())
+    }
+}
+
+impl Drop for EmptyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const KEY: &str = "user";
+
+impl Scenario for GrpcFloor {
+    fn name(&self) -> ScenarioName {
+        ScenarioName::GrpcFloor
+    }
+
+    fn run(&self, bench: &mut Bench) -> anyhow::Result<()> {
+        let options = &self.options;
+        let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
+        bench.servers.ensure(Backend::Memory);
+        let (servers, tools) = bench.split();
+        let tollgate = Stand::start(servers, Backend::Memory, &policy, "deny")?;
+        let empty = EmptyProcess::start()?;
+        let connections = [
+            tools
+                .loader
+                .connect(&[tollgate.grpc_addr()], options.connections)?,
+            tools.loader.connect(&[empty.addr], options.connections)?,
+        ];
+        let cpu = |server: Server| match server {
+            Server::Tollgate => tollgate.tollgate_cpu_seconds(),
+            Server::Empty => empty.cpu_seconds(),
+        };
+        let shape = uniform_shape(vec![KEY.to_owned()], options.keys);
+        let phase = |rate, duration| Phase {
+            shape: Arc::clone(&shape),
+            concurrency: options.concurrency,
+            rate,
+            duration,
+        };
+        for c in &connections {
+            tools.loader.drive(c, &phase(None, tools.scale.warmup))?;
+        }
+        let servers = [Server::Tollgate, Server::Empty];
+        for run in 1..=tools.scale.runs {
+            // Alternate the order, so neither server always runs on the warmer machine.
+            let order: [usize; 2] = if run % 2 == 1 { [0, 1] } else { [1, 0] };
+            let mut measure = |index: usize, target_rate: Option<f64>| -> anyhow::Result<f64> {
+                let server = servers[index];
+                let before = cpu(server)?;
+                let load = tools.loader.drive(
+                    &connections[index],
+                    &phase(target_rate, tools.scale.duration),
+                )?;
+                let cpu_seconds = cpu(server)? - before;
+                if load.decisions == 0 {
+                    bail!(
+                        "the {} decided nothing: {:?}\n{}",
+                        server.label(),
+                        load.errors_by_code,
+                        tollgate.tollgate.log()
+                    );
+                }
+                let rate = load.decisions_per_second;
+                say(&format!(
+                    "  grpc-floor run {run} {}{}: {}/s, p99 {} ms",
+                    server.label(),
+                    target_rate.map_or(String::new(), |r| format!(" at {}/s", count(Some(r)))),
+                    count(Some(rate)),
+                    ms(Some(load.latency_us.p99)),
+                ));
+                tools.records.record(
+                    "run",
+                    &FloorRun {
+                        server,
+                        run,
+                        concurrency: options.concurrency,
+                        target_rate,
+                        load,
+                        cpu_seconds,
+                    },
+                )?;
+                Ok(rate)
+            };
+            let mut tollgate_peak = 0.0;
+            for index in order {
+                let rate = measure(index, None)?;
+                if index == 0 {
+                    tollgate_peak = rate;
+                }
+            }
+            for index in order {
+                measure(index, Some(tollgate_peak / 2.0))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn render(&self, records: &[Value]) -> anyhow::Result<String> {
+        render(records)
+    }
+}
+
+/// The gRPC-floor section of the report.
+pub fn render(records: &[Value]) -> anyhow::Result<String> {
+    let conditions = conditions_of(records)?;
+    let runs: Vec<FloorRun> = records_of(records, "run")?;
+    let Some(first) = runs.first() else {
+        bail!("the grpc-floor results hold no run");
+    };
+    let peaks = |server: Server| -> Vec<&FloorRun> {
+        runs.iter()
+            .filter(|r| r.server == server && r.target_rate.is_none())
+            .collect()
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### tollgate against an empty RLS server\n\n{} One descriptor per request, values drawn \
+         uniformly, {} calls in flight. The empty server is the same gRPC service on the same \
+         transport answering OK without deciding, in a process of its own; each run measures \
+         both closed loop, alternating which goes first, then both open loop at half of \
+         tollgate's peak in that run. CPU: the server process's, per decision.\n",
+        measured(&conditions),
+        first.concurrency,
+    );
+    let mut table = Table::new(&[
+        ("server", Align::Left),
+        ("decisions/s", Align::Right),
+        ("min–max", Align::Right),
+        ("p50 ms", Align::Right),
+        ("p99 ms", Align::Right),
+        ("CPU µs/decision", Align::Right),
+    ]);
+    for server in [Server::Tollgate, Server::Empty] {
+        let runs = peaks(server);
+        table.row(vec![
+            server.label().to_owned(),
+            count(median(runs.iter().map(|r| r.load.decisions_per_second))),
+            count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
+            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
+            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
+            fixed(
+                median(
+                    runs.iter()
+                        .filter_map(|r| micros_per(r.cpu_seconds, r.load.decisions)),
+                ),
+                1,
+            ),
+        ]);
+    }
+    out.push_str(&table.render());
+    // Each run's ratio pairs measurements taken a few seconds apart; their median is steadier
+    // than the ratio of two medians on a machine whose speed drifts.
+    let ratios = distinct(runs.iter().map(|r| r.run))
+        .into_iter()
+        .filter_map(|run| {
+            let rate = |server: Server| {
+                runs.iter()
+                    .find(|r| r.run == run && r.server == server && r.target_rate.is_none())
+                    .map(|r| r.load.decisions_per_second)
+            };
+            Some(rate(Server::Tollgate)? / rate(Server::Empty)?)
+        });
+    let ratios: Vec<f64> = ratios.collect();
+    let _ = writeln!(
+        out,
+        "\ntollgate ÷ empty server, the median of the runs' ratios: {} (runs: {}).\n",
+        times(median(ratios.iter().copied())),
+        ratios
+            .iter()
+            .map(|r| times(Some(*r)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    let mut table = Table::new(&[
+        ("server, open loop", Align::Left),
+        ("target/s", Align::Right),
+        ("achieved/s", Align::Right),
+        ("p50 ms", Align::Right),
+        ("p90 ms", Align::Right),
+        ("p99 ms", Align::Right),
+        ("p99.9 ms", Align::Right),
+    ]);
+    for server in [Server::Tollgate, Server::Empty] {
+        let runs: Vec<&FloorRun> = runs
+            .iter()
+            .filter(|r| r.server == server && r.target_rate.is_some())
+            .collect();
+        table.row(vec![
+            server.label().to_owned(),
+            count(median(runs.iter().filter_map(|r| r.target_rate))),
+            count(median(runs.iter().map(|r| r.load.decisions_per_second))),
+            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
+            ms(median(runs.iter().map(|r| r.load.latency_us.p90))),
+            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
+            ms(median(runs.iter().map(|r| r.load.latency_us.p99_9))),
+        ]);
+    }
+    out.push_str(&table.render());
+    Ok(out)
+}
