@@ -2,8 +2,9 @@
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
 //! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`,
-//! `grpc-floor`) start what they need (tollgate as a process, Redis and a Redis Cluster through
-//! the testkit, redis-benchmark for the ceilings, an empty RLS server), measure, keep every run
+//! `grpc-floor`, `limitador`) start what they need (tollgate as a process, Redis and a Redis
+//! Cluster through the testkit, redis-benchmark for the ceilings, an empty RLS server, a
+//! limitador-server the operator built), measure, keep every run
 //! as a JSON line in `target/bench/`, and print their report section; `report` runs several of
 //! them and writes `docs/performance.md`. See `tollgate-bench --help`.
 
@@ -29,6 +30,7 @@ use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::grpc_floor::{GrpcFloor, GrpcFloorOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::lease::{Lease, LeaseOptions};
+use crate::scenario::limitador::{Limitador, LimitadorOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
 use crate::scenario::overload::{Overload, OverloadOptions};
@@ -148,6 +150,17 @@ enum Command {
         options: GrpcFloorOptions,
     },
 
+    /// tollgate on one Redis against Kuadrant's limitador-server (`redis` and `redis_cached`
+    /// storages) on the same Redis, interleaved runs: throughput ratio, CPU of each server and
+    /// of Redis per decision. Needs a limitador-server built from its repository
+    /// (`--limitador-server` or `$LIMITADOR_SERVER`).
+    Limitador {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: LimitadorOptions,
+    },
+
     /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
     /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
     EmptyServer(empty::EmptyServerArgs),
@@ -180,6 +193,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Cost { scale, options } => run_one(&scale, &Cost::new(options)),
         Command::Lease { scale, options } => run_one(&scale, &Lease::new(options)),
         Command::GrpcFloor { scale, options } => run_one(&scale, &GrpcFloor::new(options)),
+        Command::Limitador { scale, options } => run_one(&scale, &Limitador::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
     }
@@ -187,6 +201,9 @@ fn run(command: Command) -> anyhow::Result<()> {
 
 /// Runs one scenario and prints its report section.
 fn run_one(scale: &ScaleArgs, scenario: &dyn Scenario) -> anyhow::Result<()> {
+    if let Some(reason) = scenario.unavailable() {
+        anyhow::bail!("cannot run {}: {reason}", scenario.name().name());
+    }
     let mut bench = Bench::new(scale.scale(), &scale.results_dir())?;
     let records = bench.run(scenario)?;
     print!("{}", scenario.render(&records)?);

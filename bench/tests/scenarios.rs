@@ -16,6 +16,8 @@ use serde_json::Value;
 fn bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
         .args(args)
+        // limitador-server is built by hand from its repository; these runs never have one.
+        .env_remove("LIMITADOR_SERVER")
         .output()
         .expect("run tollgate-bench")
 }
@@ -149,6 +151,15 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         }
     }
     assert!(doc.contains("A smoke run (`--quick`)"), "{doc}");
+    // Without a limitador-server, that scenario is skipped by name, and says how to get one.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("skipping limitador, its section stays as it was: no limitador-server")
+            && stderr.contains("cargo build --release -p limitador-server"),
+        "{stderr}"
+    );
+    assert!(!doc.contains(&marker("limitador", "begin")), "{doc}");
+    assert!(!results.join("limitador.jsonl").exists());
 
     // matrix: every backend × algorithm × shard count ran, peak and half, and decided.
     let matrix = records(&results, "matrix");
@@ -467,6 +478,14 @@ fn bad_flags_and_missing_results_are_named() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("postgres") && stderr.contains("--backends"),
+        "{stderr}"
+    );
+
+    let output = bench(&["limitador", "--quick"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot run limitador: no limitador-server"),
         "{stderr}"
     );
 

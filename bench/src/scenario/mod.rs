@@ -17,6 +17,7 @@ pub mod cost;
 pub mod grpc_floor;
 pub mod hotkey;
 pub mod lease;
+pub mod limitador;
 pub mod matrix;
 pub mod memory;
 pub mod overload;
@@ -67,11 +68,13 @@ pub enum ScenarioName {
     Lease,
     /// tollgate on the memory backend against an empty RLS server.
     GrpcFloor,
+    /// tollgate against Kuadrant's limitador-server on the same Redis.
+    Limitador,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 10] = [
+    pub const ALL: [ScenarioName; 11] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -82,6 +85,7 @@ impl ScenarioName {
         ScenarioName::Cost,
         ScenarioName::Lease,
         ScenarioName::GrpcFloor,
+        ScenarioName::Limitador,
     ];
 
     /// The name in records, file names and report markers.
@@ -97,6 +101,7 @@ impl ScenarioName {
             ScenarioName::Cost => "cost",
             ScenarioName::Lease => "lease",
             ScenarioName::GrpcFloor => "grpc-floor",
+            ScenarioName::Limitador => "limitador",
         }
     }
 }
@@ -114,6 +119,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Cost => Box::new(cost::Cost::new(defaults())),
         ScenarioName::Lease => Box::new(lease::Lease::new(defaults())),
         ScenarioName::GrpcFloor => Box::new(grpc_floor::GrpcFloor::new(defaults())),
+        ScenarioName::Limitador => Box::new(limitador::Limitador::new(defaults())),
     }
 }
 
@@ -129,6 +135,12 @@ fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
 pub trait Scenario {
     /// Which scenario this is.
     fn name(&self) -> ScenarioName;
+
+    /// Why this scenario cannot run on this machine (a program it needs is missing), or `None`
+    /// when it can. `report` skips such a scenario and keeps its last section.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
 
     /// Measures, sending every run to `bench.records`.
     fn run(&self, bench: &mut Bench) -> anyhow::Result<()>;
