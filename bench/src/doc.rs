@@ -87,6 +87,16 @@ pub fn times(value: Option<f64>) -> String {
     value.map_or_else(|| NONE.to_owned(), |v| format!("{v:.2}×"))
 }
 
+/// The median of per-run ratios and each of them: `0.98× (runs: 0.98×, 0.90×, 0.98×)`.
+pub fn times_by_run(ratios: &[f64]) -> String {
+    let runs: Vec<String> = ratios.iter().map(|r| times(Some(*r))).collect();
+    format!(
+        "{} (runs: {})",
+        times(median(ratios.iter().copied())),
+        runs.join(", ")
+    )
+}
+
 /// A fraction as a whole percentage: `38%`.
 pub fn percent(value: Option<f64>) -> String {
     value.map_or_else(|| NONE.to_owned(), |v| format!("{:.0}%", v * 100.0))

@@ -145,6 +145,36 @@ fn parse_stat_cpu(stat: &str) -> anyhow::Result<f64> {
     Ok((ticks(11)? + ticks(12)?) as f64 / clock_ticks_per_second())
 }
 
+/// A process a scenario started (a server it measures), killed and reaped when dropped, so
+/// none outlives the scenario, whichever way the scenario ends.
+pub struct OwnedChild {
+    child: std::process::Child,
+}
+
+impl OwnedChild {
+    /// Takes ownership of `child`.
+    pub fn new(child: std::process::Child) -> OwnedChild {
+        OwnedChild { child }
+    }
+
+    /// The process itself (its pipes, its exit status).
+    pub fn child(&mut self) -> &mut std::process::Child {
+        &mut self.child
+    }
+
+    /// User + system CPU seconds the process has used so far.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        cpu_seconds(self.child.id())
+    }
+}
+
+impl Drop for OwnedChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,10 +59,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
             // into the same directory; its section then stays as it was.
             let absent = !dir.join(format!("{}.jsonl", name.name())).exists();
             if let Some(reason) = scenario(name).unavailable().filter(|_| absent) {
-                crate::scenario::say(&format!(
-                    "skipping {}, its section stays as it was: {reason}",
-                    name.name()
-                ));
+                skipping(name, &reason);
                 continue;
             }
             results.push((name, read_records(&dir, name)?));
@@ -72,10 +69,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         for &name in &args.scenarios {
             let scenario = scenario(name);
             if let Some(reason) = scenario.unavailable() {
-                crate::scenario::say(&format!(
-                    "skipping {}, its section stays as it was: {reason}",
-                    name.name()
-                ));
+                skipping(name, &reason);
                 continue;
             }
             let records = bench.run(scenario.as_ref())?;
@@ -86,6 +80,14 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     write(&out, &results)?;
     crate::scenario::say(&format!("wrote {}", out.display()));
     Ok(())
+}
+
+/// Says that scenario `name` cannot run here, and why.
+fn skipping(name: ScenarioName, reason: &str) {
+    crate::scenario::say(&format!(
+        "skipping {}, its section stays as it was: {reason}",
+        name.name()
+    ));
 }
 
 /// Writes the sections of `results` into the document at `path`, creating it when missing.

@@ -19,7 +19,7 @@ use crate::doc::{Align, Table, count, count_range, fixed, measured, median, rang
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
-    policy, records_of, say, uniform_shape,
+    policy, records_of, run_ratios, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -207,13 +207,13 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ]);
     }
     out.push_str(&table.render());
-    // The ratio within each run, where both modes met the same machine, then the median of
-    // those: steadier than the ratio of the medians when the machine's load drifts.
-    let throughput = median(of(Mode::Default).filter_map(|after| {
-        let before = of(Mode::StatsOff).find(|b| b.run == after.run)?;
-        (before.load.decisions_per_second > 0.0)
-            .then(|| after.load.decisions_per_second / before.load.decisions_per_second)
-    }));
+    let throughput = median(run_ratios(
+        &runs,
+        |r| r.run,
+        |r| r.mode == Mode::Default,
+        |r| r.mode == Mode::StatsOff,
+        |r| r.load.decisions_per_second,
+    ));
     let per_decision = match (cpu(Mode::Default), cpu(Mode::StatsOff)) {
         (Some(after), Some(before)) => Some((after - before) * 1000.0),
         _ => None,

@@ -12,18 +12,21 @@
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Align, Table, count, count_range, fixed, measured, median, ms, range, times};
+use crate::doc::{
+    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
+};
 use crate::load::summary::Summary;
+use crate::proc::OwnedChild;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, records_of, say, uniform_shape,
+    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
+    policy, records_of, run_ratios, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -93,21 +96,23 @@ pub struct FloorRun {
 
 /// The empty server as a child process, killed when dropped.
 struct EmptyProcess {
-    child: Child,
+    process: OwnedChild,
     addr: SocketAddr,
 }
 
 impl EmptyProcess {
     fn start() -> anyhow::Result<EmptyProcess> {
         let exe = std::env::current_exe().context("finding tollgate-bench itself")?;
-        let mut child = Command::new(exe)
-            .args(["empty-server", "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the empty RLS server")?;
+        let mut process = OwnedChild::new(
+            Command::new(exe)
+                .args(["empty-server", "--listen", "127.0.0.1:0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting the empty RLS server")?,
+        );
         let mut line = String::new();
-        if let Some(stdout) = child.stdout.take() {
+        if let Some(stdout) = process.child().stdout.take() {
             BufReader::new(stdout).read_line(&mut line)?;
         }
         let addr = line
@@ -115,24 +120,9 @@ impl EmptyProcess {
             .strip_prefix("listening on ")
             .and_then(|addr| addr.parse().ok());
         match addr {
-            Some(addr) => Ok(EmptyProcess { child, addr }),
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("the empty RLS server did not say where it listens: {line:?}")
-            }
+            Some(addr) => Ok(EmptyProcess { process, addr }),
+            None => bail!("the empty RLS server did not say where it listens: {line:?}"),
         }
-    }
-
-    fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        crate::proc::cpu_seconds(self.child.id())
-    }
-}
-
-impl Drop for EmptyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -158,7 +148,7 @@ impl Scenario for GrpcFloor {
         ];
         let cpu = |server: Server| match server {
             Server::Tollgate => tollgate.tollgate_cpu_seconds(),
-            Server::Empty => empty.cpu_seconds(),
+            Server::Empty => empty.process.cpu_seconds(),
         };
         let shape = uniform_shape(vec![KEY.to_owned()], options.keys);
         let phase = |rate, duration| Phase {
@@ -279,28 +269,18 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ]);
     }
     out.push_str(&table.render());
-    // Each run's ratio pairs measurements taken a few seconds apart; their median is steadier
-    // than the ratio of two medians on a machine whose speed drifts.
-    let ratios = distinct(runs.iter().map(|r| r.run))
-        .into_iter()
-        .filter_map(|run| {
-            let rate = |server: Server| {
-                runs.iter()
-                    .find(|r| r.run == run && r.server == server && r.target_rate.is_none())
-                    .map(|r| r.load.decisions_per_second)
-            };
-            Some(rate(Server::Tollgate)? / rate(Server::Empty)?)
-        });
-    let ratios: Vec<f64> = ratios.collect();
+    let closed = |server: Server| move |r: &FloorRun| r.server == server && r.target_rate.is_none();
+    let ratios = run_ratios(
+        &runs,
+        |r| r.run,
+        closed(Server::Tollgate),
+        closed(Server::Empty),
+        |r| r.load.decisions_per_second,
+    );
     let _ = writeln!(
         out,
-        "\ntollgate ÷ empty server, the median of the runs' ratios: {} (runs: {}).\n",
-        times(median(ratios.iter().copied())),
-        ratios
-            .iter()
-            .map(|r| times(Some(*r)))
-            .collect::<Vec<_>>()
-            .join(", "),
+        "\ntollgate ÷ empty server, the median of the runs' ratios: {}.\n",
+        times_by_run(&ratios),
     );
     let mut table = Table::new(&[
         ("server, open loop", Align::Left),

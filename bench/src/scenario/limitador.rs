@@ -19,7 +19,7 @@
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,11 +27,14 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Align, Table, count, count_range, fixed, measured, median, ms, range, times};
+use crate::doc::{
+    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
+};
 use crate::load::summary::Summary;
+use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, WINDOW_MS,
-    conditions_of, distinct, micros_per, policy, records_of, say, uniform_shape,
+    conditions_of, micros_per, policy, records_of, run_ratios, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -141,7 +144,7 @@ pub struct LimitadorRun {
 
 /// limitador-server as a child process, killed when dropped.
 struct LimitadorProcess {
-    child: Child,
+    process: OwnedChild,
     addr: SocketAddr,
     log: PathBuf,
 }
@@ -181,13 +184,17 @@ impl LimitadorProcess {
             .stderr(out)
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
-        let mut process = LimitadorProcess { child, addr, log };
+        let mut process = LimitadorProcess {
+            process: OwnedChild::new(child),
+            addr,
+            log,
+        };
         let started = Instant::now();
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
                 return Ok(process);
             }
-            if let Some(status) = process.child.try_wait()? {
+            if let Some(status) = process.process.child().try_wait()? {
                 bail!(
                     "limitador-server ({storage}) exited with {status} before listening:\n{}",
                     process.log()
@@ -209,14 +216,7 @@ impl LimitadorProcess {
     }
 
     fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        crate::proc::cpu_seconds(self.child.id())
-    }
-}
-
-impl Drop for LimitadorProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.cpu_seconds()
     }
 }
 
@@ -246,9 +246,12 @@ impl Scenario for Limitador {
         let binary = self.binary().map_err(anyhow::Error::msg)?.to_path_buf();
         let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
         bench.servers.ensure(Backend::Redis);
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-bench-limitador-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Removed when dropped, after the processes whose logs it holds (declared later).
+        let temp = tempfile::Builder::new()
+            .prefix("tollgate-bench-limitador-")
+            .tempdir()
+            .context("creating a directory for limitador-server's files")?;
+        let dir = temp.path();
         let limits = dir.join("limits.yaml");
         std::fs::write(&limits, limits_yaml())
             .with_context(|| format!("writing {}", limits.display()))?;
@@ -264,14 +267,14 @@ impl Scenario for Limitador {
         let limitadors = [
             LimitadorProcess::start(
                 &binary,
-                &dir,
+                dir,
                 Server::LimitadorRedis.storage(),
                 &redis_url,
                 &limits,
             )?,
             LimitadorProcess::start(
                 &binary,
-                &dir,
+                dir,
                 Server::LimitadorRedisCached.storage(),
                 &redis_url,
                 &limits,
@@ -366,8 +369,6 @@ impl Scenario for Limitador {
                 )?;
             }
         }
-        drop(limitadors);
-        let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
 
@@ -444,33 +445,21 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     }
     out.push_str(&table.render());
     for other in [Server::LimitadorRedis, Server::LimitadorRedisCached] {
-        // Each run's ratio pairs measurements taken seconds apart; their median is steadier
-        // than the ratio of two medians on a machine whose speed drifts.
-        let ratios: Vec<f64> = distinct(runs.iter().map(|r| r.run))
-            .into_iter()
-            .filter_map(|run| {
-                let rate = |server: Server| {
-                    runs.iter()
-                        .find(|r| r.run == run && r.server == server)
-                        .map(|r| r.load.decisions_per_second)
-                };
-                Some(rate(Server::Tollgate)? / rate(other)?)
-            })
-            .collect();
-        if ratios.is_empty() {
-            continue;
-        }
-        let _ = writeln!(
-            out,
-            "\ntollgate ÷ {}, the median of the runs' ratios: {} (runs: {}).",
-            other.label(),
-            times(median(ratios.iter().copied())),
-            ratios
-                .iter()
-                .map(|r| times(Some(*r)))
-                .collect::<Vec<_>>()
-                .join(", "),
+        let ratios = run_ratios(
+            &runs,
+            |r| r.run,
+            |r| r.server == Server::Tollgate,
+            |r| r.server == other,
+            |r| r.load.decisions_per_second,
         );
+        if !ratios.is_empty() {
+            let _ = writeln!(
+                out,
+                "\ntollgate ÷ {}, the median of the runs' ratios: {}.",
+                other.label(),
+                times_by_run(&ratios),
+            );
+        }
     }
     Ok(out)
 }

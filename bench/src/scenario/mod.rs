@@ -377,6 +377,33 @@ pub fn read_records(dir: &Path, scenario: ScenarioName) -> anyhow::Result<Vec<Va
         .collect()
 }
 
+/// The ratio of two kinds of measurement within each run (`rate` of the record `numerator`
+/// picks over that of the record `denominator` picks, both of the same run), in run order.
+/// Each pairs measurements taken seconds apart on the same machine; their median is steadier
+/// than the ratio of two medians on a machine whose speed drifts. A run missing either side,
+/// or whose denominator is zero, gives no ratio.
+pub fn run_ratios<R>(
+    records: &[R],
+    run: impl Fn(&R) -> u32,
+    numerator: impl Fn(&R) -> bool,
+    denominator: impl Fn(&R) -> bool,
+    rate: impl Fn(&R) -> f64,
+) -> Vec<f64> {
+    distinct(records.iter().map(&run))
+        .into_iter()
+        .filter_map(|number| {
+            let side = |pick: &dyn Fn(&R) -> bool| {
+                records
+                    .iter()
+                    .find(|r| run(r) == number && pick(r))
+                    .map(&rate)
+            };
+            let below = side(&denominator).filter(|rate| *rate > 0.0)?;
+            Some(side(&numerator)? / below)
+        })
+        .collect()
+}
+
 /// The distinct values of `values`, in the order they first appear: the rows or columns of a
 /// report, in the order the scenario ran them.
 pub fn distinct<T: PartialEq>(values: impl IntoIterator<Item = T>) -> Vec<T> {
@@ -568,6 +595,26 @@ mod tests {
         for name in ScenarioName::ALL {
             assert_eq!(scenario(name).name(), name);
         }
+    }
+
+    #[test]
+    fn ratios_pair_the_two_sides_of_each_run_and_skip_incomplete_runs() {
+        // (run, side, rate): run 2 has no denominator, run 3's denominator is zero.
+        let records = [
+            (1, 'a', 90.0),
+            (1, 'b', 100.0),
+            (2, 'a', 50.0),
+            (3, 'b', 0.0),
+            (3, 'a', 10.0),
+            (4, 'b', 40.0),
+            (4, 'a', 60.0),
+        ];
+        let ratios = run_ratios(&records, |r| r.0, |r| r.1 == 'a', |r| r.1 == 'b', |r| r.2);
+        assert_eq!(ratios, vec![0.9, 1.5]);
+        assert_eq!(
+            crate::doc::times_by_run(&ratios),
+            "1.20× (runs: 0.90×, 1.50×)"
+        );
     }
 
     #[test]

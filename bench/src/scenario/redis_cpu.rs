@@ -212,38 +212,35 @@ fn floors(
     requests: u64,
 ) -> anyhow::Result<Vec<Floor>> {
     let server = nodes.masters().first().context("no Redis server")?;
-    let sha = server.cli(&["SCRIPT", "LOAD", MINIMAL_SCRIPT]);
-    if sha.len() != 40 {
-        bail!("SCRIPT LOAD of the minimal script answered `{sha}`");
-    }
+    let load = |script: &str, what: &str| -> anyhow::Result<String> {
+        let sha = server.cli(&["SCRIPT", "LOAD", script]);
+        if sha.len() != 40 {
+            bail!("SCRIPT LOAD of {what} answered `{sha}`");
+        }
+        Ok(sha)
+    };
+    let scripts = [
+        (
+            "minimal script (TIME, HINCRBY, PEXPIRE)",
+            load(MINIMAL_SCRIPT, "the minimal script")?,
+            "floor:{__rand_int__}",
+        ),
+        (
+            "the log's commands, no decision",
+            load(LOG_COMMANDS_SCRIPT, "the log's commands")?,
+            "floor:log:{__rand_int__}",
+        ),
+    ];
     let mut out = Vec::new();
     for run in 1..=runs {
-        let stats = benchmark(
-            nodes,
-            concurrency,
-            requests,
-            &["EVALSHA", &sha, "1", "floor:{__rand_int__}"],
-        )?;
-        out.push(Floor {
-            name: "minimal script (TIME, HINCRBY, PEXPIRE)".to_owned(),
-            run,
-            usec_per_decision: usec_per_call(&stats, "evalsha")?,
-        });
-        let sha = server.cli(&["SCRIPT", "LOAD", LOG_COMMANDS_SCRIPT]);
-        if sha.len() != 40 {
-            bail!("SCRIPT LOAD of the log's commands answered `{sha}`");
+        for (name, sha, key) in &scripts {
+            let stats = benchmark(nodes, concurrency, requests, &["EVALSHA", sha, "1", key])?;
+            out.push(Floor {
+                name: (*name).to_owned(),
+                run,
+                usec_per_decision: usec_per_call(&stats, "evalsha")?,
+            });
         }
-        let stats = benchmark(
-            nodes,
-            concurrency,
-            requests,
-            &["EVALSHA", &sha, "1", "floor:log:{__rand_int__}"],
-        )?;
-        out.push(Floor {
-            name: "the log's commands, no decision".to_owned(),
-            run,
-            usec_per_decision: usec_per_call(&stats, "evalsha")?,
-        });
         let incr = benchmark(
             nodes,
             concurrency,
