@@ -24,7 +24,7 @@ use crate::scenario::{Algorithm, DOMAIN, UNREACHABLE_LIMIT, WINDOW_MS};
 use crate::stand::{Backend, KEY_PREFIX, Nodes};
 
 /// The Lua source of `algorithm`'s script: the file tollgate embeds.
-fn script(algorithm: Algorithm) -> &'static str {
+pub fn script(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Counter => include_str!("../../lua/counter.lua"),
         Algorithm::Log => include_str!("../../lua/log.lua"),
@@ -32,7 +32,7 @@ fn script(algorithm: Algorithm) -> &'static str {
 }
 
 /// The suffixes of `algorithm`'s keys, in the order its script takes them.
-fn key_suffixes(algorithm: Algorithm) -> &'static [&'static str] {
+pub fn key_suffixes(algorithm: Algorithm) -> &'static [&'static str] {
     match algorithm {
         Algorithm::Counter => &[":c"],
         Algorithm::Log => &[":l", ":s"],

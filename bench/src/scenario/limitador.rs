@@ -264,33 +264,17 @@ impl Scenario for Limitador {
             .copied()
             .context("the redis backend has no server")?;
         let redis_url = redis.url();
-        let limitadors = [
-            LimitadorProcess::start(
-                &binary,
-                dir,
-                Server::LimitadorRedis.storage(),
-                &redis_url,
-                &limits,
-            )?,
-            LimitadorProcess::start(
-                &binary,
-                dir,
-                Server::LimitadorRedisCached.storage(),
-                &redis_url,
-                &limits,
-            )?,
-        ];
-        let connections = [
-            tools
-                .loader
-                .connect(&[tollgate.grpc_addr()], options.connections)?,
-            tools
-                .loader
-                .connect(&[limitadors[0].addr], options.connections)?,
-            tools
-                .loader
-                .connect(&[limitadors[1].addr], options.connections)?,
-        ];
+        let limitadors = [Server::LimitadorRedis, Server::LimitadorRedisCached]
+            .into_iter()
+            .map(|server| {
+                LimitadorProcess::start(&binary, dir, server.storage(), &redis_url, &limits)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // One set of connections per server, in the order of `Server::ALL`.
+        let connections = std::iter::once(tollgate.grpc_addr())
+            .chain(limitadors.iter().map(|limitador| limitador.addr))
+            .map(|addr| tools.loader.connect(&[addr], options.connections))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let cpu = |server: Server| match server {
             Server::Tollgate => tollgate.tollgate_cpu_seconds(),
             Server::LimitadorRedis => limitadors[0].cpu_seconds(),

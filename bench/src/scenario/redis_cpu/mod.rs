@@ -12,19 +12,27 @@
 //! a minimal script (`TIME`, `HINCRBY`, `PEXPIRE`: the least a script that counts in a window
 //! and keeps a TTL does), the commands an admitted hit of the log runs with no decision between
 //! them, and the commands envoyproxy/ratelimit sends per decision (`INCRBY` and `EXPIRE`, no
-//! script), whose microseconds per decision are the sum of the two.
+//! script), whose microseconds per decision are the sum of the two. Beside them, how the script is
+//! called: the same decision code by `EVALSHA`, by `FCALL`, and two limits in one call (see
+//! [`invocation`]).
+
+mod invocation;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::invocation::InvocationRun;
+
 use crate::ceiling::redis_benchmark_bin;
 use crate::doc::{Align, Table, count, fixed, measured, median, percent};
 use crate::load::summary::Summary;
+use crate::proc::cpu_seconds;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
     records_of, say, uniform_shape,
@@ -168,16 +176,29 @@ fn script_totals(nodes: &Nodes<'_>) -> anyhow::Result<CommandStat> {
     Ok(total)
 }
 
-/// Runs redis-benchmark with `command` against the single server and answers its
-/// commandstats after.
-fn benchmark(
+/// What one redis-benchmark run against the single server measured.
+pub struct Benchmarked {
+    /// Its `INFO commandstats`, reset before the run.
+    pub stats: BTreeMap<String, CommandStat>,
+    /// CPU seconds of the redis-server process over the run.
+    pub redis_cpu_seconds: f64,
+    /// Wall-clock seconds of the run.
+    pub elapsed_seconds: f64,
+}
+
+/// Runs redis-benchmark with `command` `requests` times (values of `__rand_int__` below 10,000)
+/// against the single server.
+pub fn benchmark(
     nodes: &Nodes<'_>,
     concurrency: u32,
     requests: u64,
     command: &[&str],
-) -> anyhow::Result<BTreeMap<String, CommandStat>> {
+) -> anyhow::Result<Benchmarked> {
     let server = nodes.masters().first().context("no Redis server")?;
+    let pid = server.pid().context("the Redis server is not running")?;
     server.reset_stats();
+    let cpu_before = cpu_seconds(pid)?;
+    let clock = Instant::now();
     let output = Command::new(redis_benchmark_bin()?)
         .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
         .args(["-c", &concurrency.to_string(), "-n", &requests.to_string()])
@@ -185,6 +206,8 @@ fn benchmark(
         .args(command)
         .output()
         .context("cannot run redis-benchmark")?;
+    let elapsed_seconds = clock.elapsed().as_secs_f64();
+    let redis_cpu_seconds = cpu_seconds(pid)? - cpu_before;
     if !output.status.success() {
         bail!(
             "redis-benchmark {command:?} failed ({}): {}{}",
@@ -193,7 +216,11 @@ fn benchmark(
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    command_stats(server)
+    Ok(Benchmarked {
+        stats: command_stats(server)?,
+        redis_cpu_seconds,
+        elapsed_seconds,
+    })
 }
 
 fn usec_per_call(stats: &BTreeMap<String, CommandStat>, name: &str) -> anyhow::Result<f64> {
@@ -234,7 +261,7 @@ fn floors(
     let mut out = Vec::new();
     for run in 1..=runs {
         for (name, sha, key) in &scripts {
-            let stats = benchmark(nodes, concurrency, requests, &["EVALSHA", sha, "1", key])?;
+            let stats = benchmark(nodes, concurrency, requests, &["EVALSHA", sha, "1", key])?.stats;
             out.push(Floor {
                 name: (*name).to_owned(),
                 run,
@@ -246,13 +273,15 @@ fn floors(
             concurrency,
             requests,
             &["INCRBY", "ref:__rand_int__", "1"],
-        )?;
+        )?
+        .stats;
         let expire = benchmark(
             nodes,
             concurrency,
             requests,
             &["EXPIRE", "ref:__rand_int__", "60"],
-        )?;
+        )?
+        .stats;
         out.push(Floor {
             name: "envoyproxy/ratelimit's INCRBY + EXPIRE".to_owned(),
             run,
@@ -289,6 +318,18 @@ impl Scenario for RedisCpu {
                     fixed(Some(floor.usec_per_decision), 2)
                 ));
                 bench.records.record("floor", &floor)?;
+            }
+            for run in invocation::measure(&nodes, options.concurrency, bench.scale.runs, requests)?
+            {
+                say(&format!(
+                    "  redis-cpu {} {:?} run {}: {} µs per call in the script, {:.2} s of Redis CPU",
+                    run.algorithm.name(),
+                    run.invocation,
+                    run.run,
+                    fixed(run.script_usec_per_call(), 2),
+                    run.redis_cpu_seconds,
+                ));
+                bench.records.record("invocation", &run)?;
             }
         }
         for &backend in &options.backends {
@@ -404,6 +445,11 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     }
     out.push_str(&table.render());
     out.push('\n');
+    let invocations: Vec<InvocationRun> = records_of(records, "invocation")?;
+    if !invocations.is_empty() {
+        invocation::render(&invocations, &mut out);
+        out.push('\n');
+    }
     let mut table = Table::new(&[
         ("backend", Align::Left),
         ("algorithm", Align::Left),
