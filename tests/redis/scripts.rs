@@ -15,12 +15,22 @@ cases! {
     a_counter_key_keeps_only_two_windows: [redis];
     a_leased_log_entry_counts_until_its_lease_ends: [redis];
     settling_a_slice_gives_back_the_unspent_units: [redis];
+    a_batch_decides_each_hit_as_its_own_call: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
     RedisBackend::connect(&t.redis_server().url(), t.prefix(), CALL_TIMEOUT)
         .await
         .expect("connect")
+}
+
+/// The Redis key under the target's prefix that holds `key`'s window, if one exists.
+fn stored_key(t: &Target, key: &str) -> Option<String> {
+    t.redis_server()
+        .cli(&["--scan", "--pattern", &format!("{}*", t.prefix())])
+        .lines()
+        .find(|line| line.contains(key))
+        .map(str::to_owned)
 }
 
 /// The outcome of one hit decided at the instant `now` (ms since the epoch).
@@ -209,11 +219,7 @@ async fn a_counter_key_keeps_only_two_windows(t: &Target) {
     );
     let start = 1_700_000_000_000;
     let server = t.redis_server();
-    let redis_key = server
-        .cli(&["--scan", "--pattern", &format!("{}*", t.prefix())])
-        .lines()
-        .find(|line| line.contains(&key))
-        .map(str::to_owned);
+    let redis_key = stored_key(t, &key);
     assert!(redis_key.is_none(), "{redis_key:?}");
     // A charge early in each of six consecutive windows, a few inside each: the key outlives
     // every window by its margin, so without the clean-up it would hold all six.
@@ -226,12 +232,7 @@ async fn a_counter_key_keeps_only_two_windows(t: &Target) {
                     .admitted
             );
         }
-        let redis_key = server
-            .cli(&["--scan", "--pattern", &format!("{}*", t.prefix())])
-            .lines()
-            .find(|line| line.contains(&key))
-            .map(str::to_owned)
-            .expect("the counter key");
+        let redis_key = stored_key(t, &key).expect("the counter key");
         let mut fields: Vec<u64> = server
             .cli(&["HKEYS", &redis_key])
             .lines()
@@ -333,6 +334,81 @@ async fn settling_a_slice_gives_back_the_unspent_units(t: &Target) {
                 refused.verdict.reset_ms < window_ms - 5_000,
                 "{algorithm}: the kept entry moved back to the settlement: {refused:?}"
             );
+        }
+    }
+}
+
+/// A request's hits reach the single server as one call of the batch script: each is decided
+/// exactly as its own call decides it (the same hits on twin keys, one acquire each, at the same
+/// instants), and a hit whose key cannot be read fails alone.
+async fn a_batch_decides_each_hit_as_its_own_call(t: &Target) {
+    let backend = connect(t).await;
+    let start = 1_700_000_000_000;
+    let limits = [
+        (Algorithm::SlidingWindowCounter, 5, 1000),
+        (Algorithm::SlidingWindowLog, 3, 1000),
+        (Algorithm::SlidingWindowCounter, 2, 500),
+        (Algorithm::SlidingWindowLog, 4, 700),
+    ];
+    let batched: Vec<String> = limits.iter().map(|_| fresh_key("batched")).collect();
+    let alone: Vec<String> = limits.iter().map(|_| fresh_key("alone")).collect();
+    let hits = |keys: &[String], cost: Cost| -> Vec<Hit> {
+        limits
+            .iter()
+            .zip(keys)
+            .map(|(&(algorithm, limit, window_ms), key)| {
+                hit(key, algorithm, limit, window_ms, cost)
+            })
+            .collect()
+    };
+    let (mut admitted, mut refused) = (0, 0);
+    for step in 0..16u64 {
+        let now = start + step * 90;
+        let cost = Cost::Consume(1 + step % 2);
+        let together = backend.acquire_at(&hits(&batched, cost), now).await;
+        assert_eq!(together.len(), limits.len(), "one answer per hit");
+        for (single, got) in hits(&alone, cost).iter().zip(together) {
+            let got = got.unwrap_or_else(|err| panic!("step {step}, {single:?}: {err}"));
+            let expected = one_at(&backend, single, now).await;
+            assert_eq!(got.verdict, expected.verdict, "step {step}, {single:?}");
+            assert_eq!(got.receipt.is_some(), expected.receipt.is_some());
+            if got.verdict.admitted {
+                admitted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        admitted > 0 && refused > 0,
+        "{admitted} admitted, {refused} refused"
+    );
+
+    // A key of the wrong type makes its own hit fail, and only that one.
+    let broken = fresh_key("batch-broken");
+    let mut mixed = hits(
+        &[
+            broken.clone(),
+            fresh_key("batched"),
+            fresh_key("batched"),
+            fresh_key("batched"),
+        ],
+        Cost::Consume(1),
+    );
+    mixed.rotate_left(1);
+    one_at(&backend, &mixed[3], start).await;
+    let server = t.redis_server();
+    let redis_key = stored_key(t, &broken).expect("the counter key");
+    server.cli(&["DEL", &redis_key]);
+    server.cli(&["SET", &redis_key, "not a hash"]);
+    let results = backend.acquire_at(&mixed, start + 10).await;
+    assert_eq!(results.len(), mixed.len());
+    for (index, result) in results.into_iter().enumerate() {
+        match (index, result) {
+            (3, Err(err)) => assert!(err.to_string().contains("WRONGTYPE"), "{err}"),
+            (3, Ok(outcome)) => panic!("a hit on a string key was decided: {outcome:?}"),
+            (_, Ok(outcome)) => assert!(outcome.verdict.admitted),
+            (_, Err(err)) => panic!("hit {index} failed beside the broken one: {err}"),
         }
     }
 }

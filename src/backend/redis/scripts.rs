@@ -39,6 +39,8 @@ pub struct Scripts {
     log: Script,
     counter_refund: Script,
     log_refund: Script,
+    /// Several acquire calls in one: the two acquire scripts as functions, then `lua/batch.lua`.
+    batch: Script,
 }
 
 impl Default for Scripts {
@@ -48,6 +50,14 @@ impl Default for Scripts {
             log: Script::new(include_str!("../../../lua/log.lua")),
             counter_refund: Script::new(include_str!("../../../lua/counter_refund.lua")),
             log_refund: Script::new(include_str!("../../../lua/log_refund.lua")),
+            batch: Script::new(concat!(
+                "local function counter(KEYS, ARGV)\n",
+                include_str!("../../../lua/counter.lua"),
+                "\nend\nlocal function log(KEYS, ARGV)\n",
+                include_str!("../../../lua/log.lua"),
+                "\nend\n",
+                include_str!("../../../lua/batch.lua"),
+            )),
         }
     }
 }
@@ -60,6 +70,7 @@ impl Scripts {
             &self.log,
             &self.counter_refund,
             &self.log_refund,
+            &self.batch,
         ]
         .into_iter()
         .map(|script| {
@@ -78,6 +89,7 @@ impl Scripts {
             script: &self.counter,
             suffixes: COUNTER_KEYS,
             args: Args::new([1, 1000, 0, 0]),
+            batched: None,
             base: keys.base("tollgate-permission-check"),
         }
     }
@@ -117,14 +129,15 @@ impl Scripts {
                 hit.lease_ms.min(lease::MAX_LEASE_MS),
             ]),
         };
-        let (script, suffixes) = match hit.algorithm {
-            Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS),
-            Algorithm::SlidingWindowLog => (&self.log, LOG_KEYS),
+        let (script, suffixes, batched) = match hit.algorithm {
+            Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS, BATCH_COUNTER),
+            Algorithm::SlidingWindowLog => (&self.log, LOG_KEYS, BATCH_LOG),
         };
         Ok(Call {
             script,
             suffixes,
             args,
+            batched: Some(batched),
             base: keys.base(&hit.key),
         })
     }
@@ -149,9 +162,33 @@ impl Scripts {
             script,
             suffixes,
             args,
+            batched: None,
             base: receipt.key.clone(),
         }
     }
+
+    /// One call deciding every call of `calls` (acquire calls, at least one), each as its own
+    /// call would: what the single server gets for a request with several limits, so Redis
+    /// reads, parses, dispatches and answers one command instead of one per limit.
+    pub fn batch<'c, 'a>(&'a self, calls: &'c [Call<'a>]) -> Batch<'c, 'a> {
+        Batch {
+            script: &self.batch,
+            calls,
+        }
+    }
+}
+
+/// How `lua/batch.lua` names the counter's acquire script.
+const BATCH_COUNTER: u8 = 1;
+/// How `lua/batch.lua` names the log's acquire script.
+const BATCH_LOG: u8 = 2;
+
+/// A script command: sent by hash, or with its text when the server's cache lost it.
+pub trait ScriptCommand {
+    /// `EVALSHA`: runs the script from the node's cache.
+    fn evalsha(&self) -> Cmd;
+    /// `EVAL`: sends the script along, which also caches it on the node; the answer to NOSCRIPT.
+    fn eval(&self) -> Cmd;
 }
 
 /// The most arguments a script takes: a log acquire's limit, window, cost, counting and lease
@@ -188,6 +225,8 @@ pub struct Call<'a> {
     /// The script's KEYS are the base followed by each of these; all in one slot.
     suffixes: &'static [&'static str],
     args: Args,
+    /// How `lua/batch.lua` names this call's script, for an acquire call.
+    batched: Option<u8>,
     /// The limiter's key base, what a receipt names.
     base: String,
 }
@@ -203,39 +242,36 @@ impl Call<'_> {
         self
     }
 
-    /// `EVALSHA`: runs the script from the node's cache.
-    pub fn evalsha(&self) -> Cmd {
-        self.command("EVALSHA", &self.script.hash)
-    }
-
-    /// `EVAL`: sends the script along, which also caches it on the node; the answer to NOSCRIPT.
-    pub fn eval(&self) -> Cmd {
-        self.command("EVAL", self.script.code)
-    }
-
     /// The command, written straight into the `Cmd`'s buffer: each key is the base and a suffix
     /// written as one argument, and integers are formatted by the `Cmd` itself.
     fn command(&self, name: &str, script: &str) -> Cmd {
         let args = self.args.as_slice();
-        let key_bytes: usize = self
-            .suffixes
-            .iter()
-            .map(|suffix| self.base.len() + suffix.len())
-            .sum();
         // Decimal u64s have at most 20 digits; the key count has one or two.
-        let size = name.len() + script.len() + 2 + key_bytes + 20 * args.len();
+        let size = name.len() + script.len() + 2 + self.key_bytes() + 20 * args.len();
         let mut cmd = Cmd::with_capacity(3 + self.suffixes.len() + args.len(), size);
         cmd.arg(name).arg(script).arg(self.suffixes.len());
+        self.write_keys(&mut cmd);
+        for &value in args {
+            cmd.arg(value);
+        }
+        cmd
+    }
+
+    fn key_bytes(&self) -> usize {
+        self.suffixes
+            .iter()
+            .map(|suffix| self.base.len() + suffix.len())
+            .sum()
+    }
+
+    /// Appends each key, the base and a suffix written as one argument.
+    fn write_keys(&self, cmd: &mut Cmd) {
         for suffix in self.suffixes {
             let mut key = cmd.writer_for_next_arg();
             // The writer appends to the command's buffer in memory, which cannot fail.
             let _ = key.write_all(self.base.as_bytes());
             let _ = key.write_all(suffix.as_bytes());
         }
-        for &value in args {
-            cmd.arg(value);
-        }
-        cmd
     }
 
     /// Reads an acquire script's reply `{admitted, remaining, reset_ms, token}` for `hit`; the
@@ -267,6 +303,72 @@ impl Call<'_> {
             receipt,
             cached: false,
         })
+    }
+}
+
+impl ScriptCommand for Call<'_> {
+    fn evalsha(&self) -> Cmd {
+        self.command("EVALSHA", &self.script.hash)
+    }
+
+    fn eval(&self) -> Cmd {
+        self.command("EVAL", self.script.code)
+    }
+}
+
+/// Acquire calls sent as one call of `lua/batch.lua`, whose reply holds one reply per call.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'c, 'a> {
+    script: &'a Script,
+    calls: &'c [Call<'a>],
+}
+
+impl Batch<'_, '_> {
+    /// The command: every call's keys in order, then for each call its script's number in the
+    /// batch, its argument count and its arguments.
+    fn command(&self, name: &str, script: &str) -> Cmd {
+        let keys: usize = self.calls.iter().map(|call| call.suffixes.len()).sum();
+        let args: usize = self.calls.iter().map(|call| 2 + call.args.len).sum();
+        let key_bytes: usize = self.calls.iter().map(Call::key_bytes).sum();
+        let size = name.len() + script.len() + 4 + key_bytes + 20 * args;
+        let mut cmd = Cmd::with_capacity(3 + keys + args, size);
+        cmd.arg(name).arg(script).arg(keys);
+        for call in self.calls {
+            call.write_keys(&mut cmd);
+        }
+        for call in self.calls {
+            // Acquire calls name their script; any other would be refused by the script as a
+            // malformed hit, never run as the wrong one.
+            cmd.arg(u64::from(call.batched.unwrap_or(0)))
+                .arg(call.args.len);
+            for &value in call.args.as_slice() {
+                cmd.arg(value);
+            }
+        }
+        cmd
+    }
+
+    /// Splits the batch's reply into one reply per call, in order. An error answering the whole
+    /// call (say, out of memory) is every call's answer.
+    pub fn replies(&self, reply: Value) -> Result<Vec<Value>, BackendError> {
+        match reply {
+            Value::Array(items) if items.len() == self.calls.len() => Ok(items),
+            Value::ServerError(err) => Ok(vec![Value::ServerError(err); self.calls.len()]),
+            other => Err(BackendError::Protocol(format!(
+                "a batch of {} calls answered {other:?}",
+                self.calls.len()
+            ))),
+        }
+    }
+}
+
+impl ScriptCommand for Batch<'_, '_> {
+    fn evalsha(&self) -> Cmd {
+        self.command("EVALSHA", &self.script.hash)
+    }
+
+    fn eval(&self) -> Cmd {
+        self.command("EVAL", self.script.code)
     }
 }
 

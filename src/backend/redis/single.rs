@@ -18,7 +18,7 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
-use super::scripts::{Call, Scripts};
+use super::scripts::{Call, ScriptCommand, Scripts};
 use super::{Failure, FailureLog, Reconnecting, backend_error};
 use crate::backend::observe::{self, FailureKind};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
@@ -187,10 +187,23 @@ impl RedisBackend {
                 Err(err) => refused.push((index, err)),
             }
         }
-        let mut replies = if calls.is_empty() {
-            Ok(Vec::new().into_iter())
-        } else {
-            self.run(&calls, true, "acquire").await.map(Vec::into_iter)
+        let mut replies = match calls.len() {
+            0 => Ok(Vec::new().into_iter()),
+            1 => self.run(&calls, true, "acquire").await.map(Vec::into_iter),
+            // A request's limits all live on this one server: one call decides them all, each
+            // as its own call would, for one round of Redis's per-command work.
+            _ => {
+                let batch = self.scripts.batch(&calls);
+                self.run(std::slice::from_ref(&batch), true, "acquire")
+                    .await
+                    .and_then(|replies| match replies.into_iter().next() {
+                        Some(reply) => batch.replies(reply),
+                        None => Err(BackendError::Protocol(
+                            "a batch call went unanswered".into(),
+                        )),
+                    })
+                    .map(Vec::into_iter)
+            }
         };
         let mut calls = calls.into_iter();
         let mut refused = refused.into_iter().peekable();
@@ -244,7 +257,7 @@ impl RedisBackend {
     /// histogram.
     async fn run(
         &self,
-        calls: &[Call<'_>],
+        calls: &[impl ScriptCommand + Sync],
         durable: bool,
         operation: &'static str,
     ) -> Result<Vec<Value>, BackendError> {
@@ -276,18 +289,22 @@ impl RedisBackend {
 
     /// Sends `calls` in one round trip: one command alone, several as a pipeline (followed by a
     /// `WAIT` when the writes must be replicated).
-    async fn pipeline(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, Failure> {
+    async fn pipeline(
+        &self,
+        calls: &[impl ScriptCommand + Sync],
+        durable: bool,
+    ) -> Result<Vec<Value>, Failure> {
         let (lane, mut conn) = self.connection().await?;
         let timed = LaneGuard {
             lane: &self.lanes[lane],
         };
         let wait = self.wait_command(durable);
         let sent = match &wait {
-            None => send(&mut conn, calls.iter().map(Call::evalsha)).await,
+            None => send(&mut conn, calls.iter().map(ScriptCommand::evalsha)).await,
             Some(wait) => {
                 let commands: Vec<Cmd> = calls
                     .iter()
-                    .map(Call::evalsha)
+                    .map(ScriptCommand::evalsha)
                     .chain(std::iter::once(wait.clone()))
                     .collect();
                 send(&mut conn, commands.into_iter()).await
