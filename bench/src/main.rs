@@ -2,7 +2,7 @@
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
 //! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`,
-//! `grpc-floor`, `limitador`) start what they need (tollgate as a process, Redis and a Redis
+//! `grpc-floor`, `limitador`, `connections`) start what they need (tollgate as a process, Redis and a Redis
 //! Cluster through the testkit, redis-benchmark for the ceilings, an empty RLS server, a
 //! limitador-server the operator built), measure, keep every run
 //! as a JSON line in `target/bench/`, and print their report section; `report` runs several of
@@ -26,6 +26,7 @@ use crate::load::args::LoadArgs;
 use crate::report::ReportArgs;
 use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
+use crate::scenario::connections::{Connections, ConnectionsOptions};
 use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::grpc_floor::{GrpcFloor, GrpcFloorOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
@@ -161,6 +162,16 @@ enum Command {
         options: LimitadorOptions,
     },
 
+    /// How many connections tollgate should keep to one Redis server: one tollgate per pool
+    /// size (`REDIS_POOL_SIZE`) on the same server, interleaved runs, with one and with several
+    /// descriptors a request; throughput, latency and CPU per decision of tollgate and Redis.
+    Connections {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: ConnectionsOptions,
+    },
+
     /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
     /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
     EmptyServer(empty::EmptyServerArgs),
@@ -194,6 +205,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Lease { scale, options } => run_one(&scale, &Lease::new(options)),
         Command::GrpcFloor { scale, options } => run_one(&scale, &GrpcFloor::new(options)),
         Command::Limitador { scale, options } => run_one(&scale, &Limitador::new(options)),
+        Command::Connections { scale, options } => run_one(&scale, &Connections::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
     }

@@ -141,6 +141,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         "cost",
         "lease",
         "grpc-floor",
+        "connections",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -347,13 +348,51 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     for floor in &floors {
         assert!(number(floor, &["usec_per_decision"]) > 0.0, "{floor}");
     }
+    // 2 backends × 2 algorithms × 2 shard counts × (admitted with 1 and 3 descriptors, refused).
     let cpu_runs = of_kind(&redis_cpu, "run");
-    assert_eq!(cpu_runs.len(), 16, "{cpu_runs:?}");
+    assert_eq!(cpu_runs.len(), 24, "{cpu_runs:?}");
     for run in &cpu_runs {
         assert!(number(run, &["script_calls"]) > 0.0, "{run}");
         assert!(number(run, &["script_usec"]) > 0.0, "{run}");
+        assert!(number(run, &["redis_cpu_seconds"]) >= 0.0, "{run}");
+    }
+    // On one server, a request's three limits are one script call.
+    for run in cpu_runs
+        .iter()
+        .filter(|r| r["backend"] == "redis" && r["descriptors"] == 3 && r["shards"] == 1)
+    {
+        let decisions = number(run, &["load", "decisions"]);
+        assert_eq!(number(run, &["script_calls"]), decisions, "{run}");
+    }
+    // How the script is called: three ways for each algorithm.
+    let invocations = of_kind(&redis_cpu, "invocation");
+    assert_eq!(invocations.len(), 6, "{invocations:?}");
+    for run in &invocations {
+        assert!(number(run, &["calls"]) > 0.0, "{run}");
+        assert!(number(run, &["script_usec"]) > 0.0, "{run}");
     }
     assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 3);
+    assert_eq!(table_after(&doc, "#### How the script is called").len(), 6);
+
+    // connections: every pool size decided with one and with three descriptors, and each is
+    // compared with the first.
+    let connections = records(&results, "connections");
+    let connection_runs = of_kind(&connections, "run");
+    assert_eq!(connection_runs.len(), 8, "{connection_runs:?}");
+    for run in &connection_runs {
+        assert!(
+            number(run, &["load", "decisions_per_second"]) > 0.0,
+            "{run}"
+        );
+    }
+    assert_eq!(
+        table_after(&doc, "### Connections to one Redis server").len(),
+        8
+    );
+    assert!(
+        doc.contains("decisions/s of each pool size over 1 connection, the median"),
+        "{doc}"
+    );
     // cost: both tollgates decided, and the ratio of their throughputs is written.
     let cost = records(&results, "cost");
     let cost_runs = of_kind(&cost, "run");

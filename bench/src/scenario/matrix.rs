@@ -1,8 +1,9 @@
 //! `matrix`: how fast tollgate decides on each backend, algorithm, shard count and concurrency,
 //! beside the ceiling of the Redis it talks to.
 //!
-//! Every limit is far above what the machine can send, so every hit is admitted and costs one
-//! script call per descriptor. For each point (a cell of the matrix) tollgate is driven closed
+//! Every limit is far above what the machine can send, so every hit is admitted: one limit
+//! decided per descriptor (on one server a request's limits go to Redis in one script call, on a
+//! cluster in one call each). For each point (a cell of the matrix) tollgate is driven closed
 //! loop (every call in flight sends the next as soon as it returns) to find the peak, then open
 //! loop at half the median peak for the latency a moderately loaded server shows. After a Redis
 //! backend's cells, redis-benchmark measures its ceiling: `EVALSHA` of the same script on keys of
@@ -55,7 +56,7 @@ pub struct MatrixOptions {
     #[arg(long = "keys", value_delimiter = ',', default_values_t = [10_000u64], value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub keys: Vec<u64>,
 
-    /// Descriptors per request (each a limit of its own: one script call each).
+    /// Descriptors per request (each a limit of its own).
     #[arg(long = "descriptors", value_delimiter = ',', default_values_t = [1u32], value_parser = clap::value_parser!(u32).range(1..=16))]
     pub descriptors: Vec<u32>,
 
@@ -150,7 +151,8 @@ impl TollgateRun {
         self.load.errors + self.load.over_limit + self.load.unknown
     }
 
-    fn script_calls(&self) -> u64 {
+    /// Limits decided: one per descriptor of every decision.
+    fn limits(&self) -> u64 {
         self.load.decisions * u64::from(self.cell.descriptors)
     }
 }
@@ -474,8 +476,8 @@ impl<'a> Results<'a> {
         median_of(&runs.peak, |r| Some(r.load.decisions_per_second))
     }
 
-    /// Median peak script calls/s of `cell` (decisions × descriptors).
-    fn peak_script_calls(&self, cell: Cell) -> Option<f64> {
+    /// Median peak limits decided a second in `cell` (decisions × descriptors).
+    fn peak_limits(&self, cell: Cell) -> Option<f64> {
         let runs = self.cells.get(&cell)?;
         median_of(&runs.peak, |r| {
             Some(r.load.decisions_per_second * f64::from(r.cell.descriptors))
@@ -541,7 +543,8 @@ impl<'a> Results<'a> {
              {} The peak is the median of the closed-loop runs; each open-loop run then sends at \
              half of it. Load: {descriptors}, values drawn uniformly from {keys}, over \
              {connections} HTTP/2 connections; every limit is far above the load, so every hit is \
-             admitted and costs one script call per descriptor (and *failed* counts any call that \
+             admitted: one limit decided per descriptor, each its own script call on a cluster, \
+             all of a request's in one call on one server (and *failed* counts any call that \
              failed or was refused: tollgate runs with `--failure-mode deny`).\n\n",
             measured(&self.conditions),
         )
@@ -556,7 +559,7 @@ impl<'a> Results<'a> {
                 ("p50 ms", Align::Right),
                 ("p99 ms", Align::Right),
                 ("tollgate CPU µs/decision", Align::Right),
-                ("Redis CPU µs/script call", Align::Right),
+                ("Redis CPU µs/limit", Align::Right),
                 ("generator CPU µs/decision", Align::Right),
                 ("failed", Align::Right),
             ],
@@ -580,7 +583,7 @@ impl<'a> Results<'a> {
                     NONE.to_owned()
                 } else {
                     fixed(
-                        median_of(peak, |r| micros_per(r.redis_cpu_seconds, r.script_calls())),
+                        median_of(peak, |r| micros_per(r.redis_cpu_seconds, r.limits())),
                         1,
                     )
                 },
@@ -597,7 +600,7 @@ impl<'a> Results<'a> {
         format!(
             "#### Peak: closed loop\n\n\
              CPU columns: CPU time of the tollgate process, of all Redis processes and of the \
-             load generator during the run, per decision or per script call.\n\n{}\n",
+             load generator during the run, per decision or per limit decided.\n\n{}\n",
             table.render()
         )
     }
@@ -764,7 +767,7 @@ impl<'a> Results<'a> {
             }
             for &backend in &redis {
                 let value = ratio(
-                    self.peak_script_calls(on(backend)),
+                    self.peak_limits(on(backend)),
                     self.ceiling((backend, shape.algorithm, shape.concurrency, shape.keys)),
                 );
                 if backend == Backend::Redis {
@@ -777,8 +780,8 @@ impl<'a> Results<'a> {
         let text = format!(
             "#### Ratios (numbers of this one run)\n\n\
              *memory ÷ X*: peak decisions/s of the memory backend over that of X. *X ÷ ceiling*: \
-             the script calls/s tollgate made X run at its peak (decisions/s × descriptors) over \
-             the redis-benchmark ceiling at the same concurrency.\n\n{}\n",
+             the limits tollgate decided a second on X at its peak (decisions/s × descriptors) \
+             over the redis-benchmark ceiling at the same concurrency (one limit a call).\n\n{}\n",
             table.render()
         );
         (text, memory_over_redis, redis_over_ceiling)
@@ -866,7 +869,7 @@ impl<'a> Results<'a> {
         format!(
             "Targets, over the cells of this run:\n\n\
              - memory ÷ redis peak ≥ 3×: {}\n\
-             - redis script calls ÷ EVALSHA ceiling ≥ 70%: {}\n\
+             - redis limits ÷ EVALSHA ceiling ≥ 70%: {}\n\
              - p99 at half the peak < 2 ms: {}\n",
             target_line(memory_over_redis, |v| v >= 3.0, |v| times(Some(v))),
             target_line(redis_over_ceiling, |v| v >= 0.7, |v| percent(Some(v))),

@@ -13,6 +13,7 @@
 
 pub mod accuracy;
 pub mod attack;
+pub mod connections;
 pub mod cost;
 pub mod grpc_floor;
 pub mod hotkey;
@@ -70,11 +71,13 @@ pub enum ScenarioName {
     GrpcFloor,
     /// tollgate against Kuadrant's limitador-server on the same Redis.
     Limitador,
+    /// How many connections to keep to one Redis server.
+    Connections,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 11] = [
+    pub const ALL: [ScenarioName; 12] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -86,6 +89,7 @@ impl ScenarioName {
         ScenarioName::Lease,
         ScenarioName::GrpcFloor,
         ScenarioName::Limitador,
+        ScenarioName::Connections,
     ];
 
     /// The name in records, file names and report markers.
@@ -102,6 +106,7 @@ impl ScenarioName {
             ScenarioName::Lease => "lease",
             ScenarioName::GrpcFloor => "grpc-floor",
             ScenarioName::Limitador => "limitador",
+            ScenarioName::Connections => "connections",
         }
     }
 }
@@ -120,6 +125,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Lease => Box::new(lease::Lease::new(defaults())),
         ScenarioName::GrpcFloor => Box::new(grpc_floor::GrpcFloor::new(defaults())),
         ScenarioName::Limitador => Box::new(limitador::Limitador::new(defaults())),
+        ScenarioName::Connections => Box::new(connections::Connections::new(defaults())),
     }
 }
 

@@ -2,11 +2,11 @@
 //! TLS with client certificates, a unix socket), or the master that Redis Sentinel names.
 //!
 //! Connections come from a deadpool pool ([`super::connect::Pool`]). Each is a multiplexed connection that many
-//! requests share at once, so the backend keeps a few checked out ("lanes") and spreads calls over
-//! them: a pool checkout costs a PING round trip (deadpool's health check), and paying it per
-//! request would double the cost of a decision. A lane whose connection breaks gives it back to the
-//! pool, which health-checks or replaces it. All hits of one request go in one pipeline, one
-//! round trip.
+//! requests share at once, so the backend keeps them checked out ("lanes", one unless the target
+//! asks for more) and spreads calls over them: a pool checkout costs a PING round trip (deadpool's
+//! health check), and paying it per request would double the cost of a decision. A lane whose connection breaks gives it back to the
+//! pool, which health-checks or replaces it. All hits of one request go in one call, one round
+//! trip: a lone hit as its algorithm's script, several as the batch script (`lua/batch.lua`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -23,8 +23,13 @@ use super::{Failure, FailureLog, Reconnecting, backend_error};
 use crate::backend::observe::{self, FailureKind};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
-/// Shared connections kept checked out of the pool, unless the target says otherwise.
-const LANES: usize = 4;
+/// Shared connections kept checked out of the pool, unless the target says otherwise. One: every
+/// call in flight shares it, so commands and replies move in the largest batches, the fewest
+/// system calls per decision on both sides; more connections only split those batches (the
+/// `connections` benchmark measures fewer decisions a second and more CPU per decision, in
+/// tollgate and in Redis, with every connection added). A single Redis server runs one command at
+/// a time, so one connection's reader is not what bounds it.
+const LANES: usize = 1;
 /// Consecutive timeouts after which a lane's connection is presumed stuck and replaced.
 const STUCK_AFTER_TIMEOUTS: u32 = 3;
 /// The least time given to opening a connection, whatever the per-call deadline: a connection

@@ -34,8 +34,8 @@ use crate::doc::{Align, Table, count, fixed, measured, median, percent};
 use crate::load::summary::Summary;
 use crate::proc::cpu_seconds;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
-    records_of, say, uniform_shape,
+    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
+    micros_per, policy, records_of, say, uniform_shape,
 };
 use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats};
 
@@ -70,6 +70,11 @@ pub struct RedisCpuOptions {
     #[arg(long = "shards", value_delimiter = ',', default_values_t = [1u16, 8])]
     pub shards: Vec<u16>,
 
+    /// Descriptors per request of the admitted traffic, comma-separated (each a limit of its own;
+    /// the refused traffic always sends one).
+    #[arg(long = "descriptors", value_delimiter = ',', default_values_t = [1u32, 3], value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub descriptors: Vec<u32>,
+
     /// Calls in flight (tollgate's generator and redis-benchmark alike).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
@@ -88,6 +93,91 @@ impl RedisCpu {
     /// The scenario with `options`.
     pub fn new(options: RedisCpuOptions) -> RedisCpu {
         RedisCpu { options }
+    }
+}
+
+/// What one point of the scenario measures.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    backend: Backend,
+    algorithm: Algorithm,
+    shards: u16,
+    mix: Mix,
+    descriptors: u32,
+}
+
+impl RedisCpu {
+    /// Measures `point`: tollgate serving one limit per descriptor key, driven closed loop, with
+    /// Redis's statistics reset before each measured run.
+    fn measure(&self, bench: &mut Bench, point: Point) -> anyhow::Result<()> {
+        let options = &self.options;
+        let Point {
+            backend,
+            algorithm,
+            shards,
+            mix,
+            descriptors,
+        } = point;
+        let (limit, keys) = match mix {
+            Mix::Admitted => (UNREACHABLE_LIMIT, 10_000),
+            // Enough for every shard to hold some, little enough for the warmup to spend.
+            Mix::Refused => (u64::from(shards) * 10, 1),
+        };
+        let entry_keys: Vec<String> = (0..descriptors).map(|i| format!("user{i}")).collect();
+        let limits: Vec<(String, Algorithm, u64, u16)> = entry_keys
+            .iter()
+            .map(|key| (key.clone(), algorithm, limit, shards))
+            .collect();
+        let stand = Stand::start(&bench.servers, backend, &policy(&limits), "deny")?;
+        stand.nodes.flush();
+        let connections = bench
+            .loader
+            .connect(&[stand.grpc_addr()], options.connections)?;
+        let shape = uniform_shape(entry_keys, keys);
+        let phase = |duration| Phase {
+            shape: shape.clone(),
+            concurrency: options.concurrency,
+            rate: None,
+            duration,
+        };
+        for run in 1..=bench.scale.runs {
+            bench
+                .loader
+                .drive(&connections, &phase(bench.scale.warmup))?;
+            stand.nodes.reset_stats();
+            let cpu_before = stand.redis_cpu_seconds()?;
+            let load = bench
+                .loader
+                .drive(&connections, &phase(bench.scale.duration))?;
+            let redis_cpu_seconds = stand.redis_cpu_seconds()? - cpu_before;
+            let totals = script_totals(&stand.nodes)?;
+            let result = RedisCpuRun {
+                backend,
+                algorithm,
+                shards,
+                mix,
+                descriptors,
+                run,
+                load,
+                script_calls: totals.calls,
+                script_usec: totals.usec,
+                redis_cpu_seconds,
+            };
+            say(&format!(
+                "  redis-cpu {backend} {} shards {shards} {} descriptors {descriptors} run {run}: \
+                 {} admitted, {} calls per decision, {} µs per call, {} µs per decision, {} µs of \
+                 Redis process CPU per limit",
+                algorithm.name(),
+                mix.name(),
+                percent(result.admitted_share()),
+                fixed(result.calls_per_decision(), 2),
+                fixed(result.usec_per_call(), 2),
+                fixed(result.usec_per_decision(), 2),
+                fixed(result.process_usec_per_limit(), 2),
+            ));
+            bench.records.record("run", &result)?;
+        }
+        Ok(())
     }
 }
 
@@ -121,6 +211,8 @@ pub struct RedisCpuRun {
     pub shards: u16,
     /// The traffic.
     pub mix: Mix,
+    /// Descriptors per request, each a limit of its own.
+    pub descriptors: u32,
     /// Run number, from 1.
     pub run: u32,
     /// What the load generator saw.
@@ -129,6 +221,9 @@ pub struct RedisCpuRun {
     pub script_calls: u64,
     /// Microseconds of Redis CPU in those calls.
     pub script_usec: u64,
+    /// CPU seconds of every Redis process over the run, from `/proc`: the scripts and the work
+    /// around each command (reading, parsing, answering).
+    pub redis_cpu_seconds: f64,
 }
 
 impl RedisCpuRun {
@@ -147,6 +242,14 @@ impl RedisCpuRun {
 
     fn usec_per_decision(&self) -> Option<f64> {
         (self.load.decisions > 0).then(|| self.script_usec as f64 / self.load.decisions as f64)
+    }
+
+    /// Redis processes' CPU per limit decided (one per descriptor of each decision).
+    fn process_usec_per_limit(&self) -> Option<f64> {
+        micros_per(
+            self.redis_cpu_seconds,
+            self.load.decisions * u64::from(self.descriptors),
+        )
     }
 }
 
@@ -336,55 +439,19 @@ impl Scenario for RedisCpu {
             for algorithm in [Algorithm::Counter, Algorithm::Log] {
                 for &shards in &options.shards {
                     for mix in [Mix::Admitted, Mix::Refused] {
-                        let (limit, keys) = match mix {
-                            Mix::Admitted => (UNREACHABLE_LIMIT, 10_000),
-                            // Enough for every shard to hold some, little enough for the warmup
-                            // to spend.
-                            Mix::Refused => (u64::from(shards) * 10, 1),
+                        let descriptors = match mix {
+                            Mix::Admitted => options.descriptors.clone(),
+                            Mix::Refused => vec![1],
                         };
-                        let policy = policy(&[("user".to_owned(), algorithm, limit, shards)]);
-                        let stand = Stand::start(&bench.servers, backend, &policy, "deny")?;
-                        stand.nodes.flush();
-                        let connections = bench
-                            .loader
-                            .connect(&[stand.grpc_addr()], options.connections)?;
-                        let shape = uniform_shape(vec!["user".to_owned()], keys);
-                        let phase = |duration| Phase {
-                            shape: shape.clone(),
-                            concurrency: options.concurrency,
-                            rate: None,
-                            duration,
-                        };
-                        for run in 1..=bench.scale.runs {
-                            bench
-                                .loader
-                                .drive(&connections, &phase(bench.scale.warmup))?;
-                            stand.nodes.reset_stats();
-                            let load = bench
-                                .loader
-                                .drive(&connections, &phase(bench.scale.duration))?;
-                            let totals = script_totals(&stand.nodes)?;
-                            let result = RedisCpuRun {
+                        for descriptors in descriptors {
+                            let point = Point {
                                 backend,
                                 algorithm,
                                 shards,
                                 mix,
-                                run,
-                                load,
-                                script_calls: totals.calls,
-                                script_usec: totals.usec,
+                                descriptors,
                             };
-                            say(&format!(
-                                "  redis-cpu {backend} {} shards {shards} {} run {run}: {} admitted, \
-                                 {} calls per decision, {} µs per call, {} µs per decision",
-                                algorithm.name(),
-                                mix.name(),
-                                percent(result.admitted_share()),
-                                fixed(result.calls_per_decision(), 2),
-                                fixed(result.usec_per_call(), 2),
-                                fixed(result.usec_per_decision(), 2),
-                            ));
-                            bench.records.record("run", &result)?;
+                            self.measure(bench, point)?;
                         }
                     }
                 }
@@ -412,8 +479,12 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         out,
         "{} Redis CPU from `INFO commandstats`, reset before each run: the microseconds spent in \
          `evalsha` and `eval` (a script's own commands included) over every master, per script \
-         call and per decision. One descriptor; *admitted*: 10,000 keys under a limit no load \
-         reaches; *refused*: one key whose limit (10 a minute per shard) the warmup spends. \
+         call and per decision; *Redis process*: the CPU of every Redis process from `/proc`, which \
+         adds the work around each command (reading, parsing, answering), per limit decided (one \
+         per descriptor). *Admitted*: 10,000 keys per descriptor under a limit no load reaches, \
+         one descriptor a request or several (each a limit of its own: on one server a \
+         request's limits go in one call, on a cluster one call each); *refused*: one \
+         descriptor, one key whose limit (10 a minute per shard) the warmup spends. \
          *Floors*, on the single server in the same run with redis-benchmark: a minimal script \
          (`TIME`, `HINCRBY`, `PEXPIRE`), the commands an admitted hit of the log runs with no \
          decision between them, and envoyproxy/ratelimit's `INCRBY` + `EXPIRE` per decision.\n",
@@ -455,36 +526,33 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ("algorithm", Align::Left),
         ("shards", Align::Right),
         ("traffic", Align::Left),
+        ("descriptors", Align::Right),
         ("admitted", Align::Right),
         ("decisions/s", Align::Right),
         ("script calls per decision", Align::Right),
         ("Redis µs per call", Align::Right),
         ("Redis µs per decision", Align::Right),
+        ("Redis process µs per limit", Align::Right),
     ]);
-    let mut points: Vec<(Backend, Algorithm, u16, Mix)> = Vec::new();
-    for run in &runs {
-        let point = (run.backend, run.algorithm, run.shards, run.mix);
-        if !points.contains(&point) {
-            points.push(point);
-        }
-    }
-    for (backend, algorithm, shards, mix) in points {
-        let of: Vec<&RedisCpuRun> = runs
-            .iter()
-            .filter(|r| {
-                (r.backend, r.algorithm, r.shards, r.mix) == (backend, algorithm, shards, mix)
-            })
-            .collect();
+    let point = |r: &RedisCpuRun| (r.backend, r.algorithm, r.shards, r.mix, r.descriptors);
+    for at in distinct(runs.iter().map(point)) {
+        let of: Vec<&RedisCpuRun> = runs.iter().filter(|r| point(r) == at).collect();
+        let (backend, algorithm, shards, mix, descriptors) = at;
         table.row(vec![
             backend.to_string(),
             algorithm.name().to_owned(),
             shards.to_string(),
             mix.name().to_owned(),
+            descriptors.to_string(),
             percent(median(of.iter().filter_map(|r| r.admitted_share()))),
             count(median(of.iter().map(|r| r.load.decisions_per_second))),
             fixed(median(of.iter().filter_map(|r| r.calls_per_decision())), 2),
             fixed(median(of.iter().filter_map(|r| r.usec_per_call())), 2),
             fixed(median(of.iter().filter_map(|r| r.usec_per_decision())), 2),
+            fixed(
+                median(of.iter().filter_map(|r| r.process_usec_per_limit())),
+                2,
+            ),
         ]);
     }
     out.push_str(&table.render());
