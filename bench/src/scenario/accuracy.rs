@@ -34,7 +34,9 @@ use tollgate::clock::ManualClock;
 use tollgate::window::{Algorithm as WindowAlgorithm, Cost, Counting};
 
 use crate::doc::{Align, Table, count, fixed};
-use crate::scenario::{Algorithm, Bench, Scenario, ScenarioName, conditions_of, records_of, say};
+use crate::scenario::{
+    Algorithm, Bench, Scenario, ScenarioName, conditions_of, records_of, runs_of, say,
+};
 use crate::stand::Backend as StandBackend;
 
 /// Units admitted per window in every pattern (weighted: units, not hits).
@@ -454,11 +456,9 @@ fn share(part: u64, whole: u64) -> String {
 /// The accuracy section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<AccuracyRun> = records_of(records, "run")?;
+    let runs: Vec<AccuracyRun> = runs_of(records, "accuracy")?;
     let bytes: Vec<MemoryPerHit> = records_of(records, "bytes")?;
-    let Some(first) = runs.first() else {
-        bail!("the accuracy results hold no run");
-    };
+    let first = &runs[0];
     let mut out = String::new();
     let _ = writeln!(out, "### Accuracy of the algorithms\n");
     let _ = writeln!(

@@ -23,7 +23,7 @@ use crate::doc::{
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, conditions_of, distinct, micros_per, policy,
-    records_of, say, uniform_shape,
+    runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -201,10 +201,8 @@ impl Scenario for Attack {
 /// The attack section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<AttackRun> = records_of(records, "run")?;
-    let Some(first) = runs.first() else {
-        bail!("the attack results hold no run");
-    };
+    let runs: Vec<AttackRun> = runs_of(records, "attack")?;
+    let first = &runs[0];
     let points = distinct(runs.iter().map(|run| (run.backend, run.local_cache)));
     let of = |point: (Backend, bool)| -> Vec<&AttackRun> {
         runs.iter()

@@ -21,7 +21,7 @@ use crate::doc::{
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, records_of, run_ratios, say, uniform_shape,
+    micros_per, policy, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -180,10 +180,8 @@ impl Scenario for Connections {
 /// The connections section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<ConnectionsRun> = records_of(records, "run")?;
-    let Some(first) = runs.first() else {
-        bail!("the connections results hold no run");
-    };
+    let runs: Vec<ConnectionsRun> = runs_of(records, "connections")?;
+    let first = &runs[0];
     let mut out = String::new();
     let _ = writeln!(out, "### Connections to one Redis server\n");
     let _ = writeln!(

@@ -19,7 +19,7 @@ use crate::doc::{Align, Table, count, count_range, fixed, measured, median, rang
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
-    policy, records_of, run_ratios, say, uniform_shape,
+    policy, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -170,10 +170,8 @@ impl Scenario for Cost {
 /// The cost section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<CostRun> = records_of(records, "run")?;
-    let Some(first) = runs.first() else {
-        bail!("the cost results hold no run");
-    };
+    let runs: Vec<CostRun> = runs_of(records, "cost")?;
+    let first = &runs[0];
     let of = |mode: Mode| runs.iter().filter(move |r| r.mode == mode);
     let rate = |mode: Mode| median(of(mode).map(|r| r.load.decisions_per_second));
     let cpu = |mode: Mode| {

@@ -26,7 +26,7 @@ use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
-    policy, records_of, run_ratios, say, uniform_shape,
+    policy, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -223,10 +223,8 @@ impl Scenario for GrpcFloor {
 /// The gRPC-floor section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<FloorRun> = records_of(records, "run")?;
-    let Some(first) = runs.first() else {
-        bail!("the grpc-floor results hold no run");
-    };
+    let runs: Vec<FloorRun> = runs_of(records, "grpc-floor")?;
+    let first = &runs[0];
     let peaks = |server: Server| -> Vec<&FloorRun> {
         runs.iter()
             .filter(|r| r.server == server && r.target_rate.is_none())

@@ -22,7 +22,7 @@ use crate::doc::{
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
-    records_of, say, uniform_shape,
+    runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -224,10 +224,8 @@ impl Scenario for Hotkey {
 /// The hot-key section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<HotkeyRun> = records_of(records, "run")?;
-    let Some(first) = runs.first() else {
-        bail!("the hotkey results hold no run");
-    };
+    let runs: Vec<HotkeyRun> = runs_of(records, "hotkey")?;
+    let first = &runs[0];
     let mut shard_counts: Vec<u16> = Vec::new();
     let mut by_shards: BTreeMap<u16, Vec<&HotkeyRun>> = BTreeMap::new();
     for run in &runs {

@@ -34,7 +34,7 @@ use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, WINDOW_MS,
-    conditions_of, micros_per, policy, records_of, run_ratios, say, uniform_shape,
+    conditions_of, micros_per, policy, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -364,10 +364,8 @@ impl Scenario for Limitador {
 /// The limitador section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<LimitadorRun> = records_of(records, "run")?;
-    let Some(first) = runs.first() else {
-        bail!("the limitador results hold no run");
-    };
+    let runs: Vec<LimitadorRun> = runs_of(records, "limitador")?;
+    let first = &runs[0];
     let mut out = String::new();
     let _ = writeln!(
         out,

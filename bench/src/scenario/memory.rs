@@ -26,7 +26,7 @@ use crate::doc::{Align, Table, count, fixed, measured};
 use crate::load::generator::Shape;
 use crate::load::keys::KeySampler;
 use crate::scenario::{
-    Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, conditions_of, records_of, say,
+    Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, conditions_of, runs_of, say,
 };
 use crate::stand::{Backend, Stand};
 
@@ -256,10 +256,7 @@ impl Scenario for Memory {
 /// The memory section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<MemoryRun> = records_of(records, "run")?;
-    if runs.is_empty() {
-        bail!("the memory results hold no run");
-    }
+    let runs: Vec<MemoryRun> = runs_of(records, "memory")?;
     let mib = |bytes: u64| fixed(Some(bytes as f64 / f64::from(1u32 << 20)), 1);
     let mut out = String::new();
     let _ = writeln!(out, "### A flood of distinct keys on the memory backend\n");

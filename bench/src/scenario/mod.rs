@@ -434,6 +434,16 @@ pub fn records_of<T: DeserializeOwned>(records: &[Value], kind: &str) -> anyhow:
         .collect()
 }
 
+/// The `run` records of scenario `scenario` among `records`, as `T`: never empty, since a
+/// section needs at least one run to report.
+pub fn runs_of<T: DeserializeOwned>(records: &[Value], scenario: &str) -> anyhow::Result<Vec<T>> {
+    let runs = records_of(records, "run")?;
+    if runs.is_empty() {
+        bail!("the {scenario} results hold no run");
+    }
+    Ok(runs)
+}
+
 /// The [`Conditions`] among `records`.
 pub fn conditions_of(records: &[Value]) -> anyhow::Result<Conditions> {
     records_of::<Conditions>(records, "conditions")?

@@ -23,7 +23,7 @@ use crate::doc::{Align, Table, count, measured, median, ms};
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    policy, records_of, say, uniform_shape,
+    policy, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -213,10 +213,8 @@ impl Scenario for Overload {
 /// The overload section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<OverloadRun> = records_of(records, "run")?;
-    let Some(first) = runs.first() else {
-        bail!("the overload results hold no run");
-    };
+    let runs: Vec<OverloadRun> = runs_of(records, "overload")?;
+    let first = &runs[0];
     let bounds = distinct(runs.iter().map(|run| run.bound));
     let mut out = String::new();
     let _ = writeln!(out, "### Twice the saturation rate\n");

@@ -35,7 +35,7 @@ use crate::load::summary::Summary;
 use crate::proc::cpu_seconds;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, records_of, say, uniform_shape,
+    micros_per, policy, records_of, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats};
 
@@ -468,11 +468,8 @@ impl Scenario for RedisCpu {
 /// The redis-cpu section of the report.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
-    let runs: Vec<RedisCpuRun> = records_of(records, "run")?;
+    let runs: Vec<RedisCpuRun> = runs_of(records, "redis-cpu")?;
     let floors: Vec<Floor> = records_of(records, "floor")?;
-    if runs.is_empty() {
-        bail!("the redis-cpu results hold no run");
-    }
     let mut out = String::new();
     let _ = writeln!(out, "### Redis CPU per decision\n");
     let _ = writeln!(
