@@ -21,7 +21,7 @@ use crate::doc::{
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, run_ratios, runs_of, say, uniform_shape,
+    micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -126,10 +126,8 @@ impl Scenario for Connections {
                 .drive(connections, &phase(descriptors, bench.scale.warmup))?;
         }
         for run in 1..=bench.scale.runs {
-            // Rotate the order, so no point always runs on the warmest (or busiest) machine.
-            let first = (run as usize - 1) % points.len();
-            for step in 0..points.len() {
-                let (index, descriptors) = points[(first + step) % points.len()];
+            for at in rotation(run, points.len()) {
+                let (index, descriptors) = points[at];
                 let (pool_size, stand, connections) = &stands[index];
                 let tollgate_before = stand.tollgate_cpu_seconds()?;
                 let redis_before = stand.redis_cpu_seconds()?;

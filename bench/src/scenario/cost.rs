@@ -19,7 +19,7 @@ use crate::doc::{Align, Table, count, count_range, fixed, measured, median, rang
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
-    policy, run_ratios, runs_of, say, uniform_shape,
+    policy, rotation, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -124,10 +124,7 @@ impl Scenario for Cost {
             bench.loader.drive(c, &phase(bench.scale.warmup))?;
         }
         for run in 1..=bench.scale.runs {
-            // Alternate the order, so neither mode always runs on the warmer or the cooler
-            // machine.
-            let order: [usize; 2] = if run % 2 == 1 { [0, 1] } else { [1, 0] };
-            for index in order {
+            for index in rotation(run, stands.len()) {
                 let (mode, stand) = &stands[index];
                 let cpu_before = stand.tollgate_cpu_seconds()?;
                 let load = bench

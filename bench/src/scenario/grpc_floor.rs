@@ -26,7 +26,7 @@ use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
-    policy, run_ratios, runs_of, say, uniform_shape,
+    policy, rotation, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -162,8 +162,7 @@ impl Scenario for GrpcFloor {
         }
         let servers = [Server::Tollgate, Server::Empty];
         for run in 1..=tools.scale.runs {
-            // Alternate the order, so neither server always runs on the warmer machine.
-            let order: [usize; 2] = if run % 2 == 1 { [0, 1] } else { [1, 0] };
+            let order = rotation(run, servers.len());
             let mut measure = |index: usize, target_rate: Option<f64>| -> anyhow::Result<f64> {
                 let server = servers[index];
                 let before = cpu(server)?;
@@ -202,7 +201,7 @@ impl Scenario for GrpcFloor {
                 Ok(rate)
             };
             let mut tollgate_peak = 0.0;
-            for index in order {
+            for index in order.clone() {
                 let rate = measure(index, None)?;
                 if index == 0 {
                     tollgate_peak = rate;

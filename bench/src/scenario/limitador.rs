@@ -34,7 +34,7 @@ use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, WINDOW_MS,
-    conditions_of, micros_per, policy, run_ratios, runs_of, say, uniform_shape,
+    conditions_of, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -307,10 +307,7 @@ impl Scenario for Limitador {
             }
         }
         for run in 1..=tools.scale.runs {
-            // Rotate the order, so no server always runs on the warmest (or busiest) machine.
-            let first = (run as usize - 1) % Server::ALL.len();
-            for step in 0..Server::ALL.len() {
-                let index = (first + step) % Server::ALL.len();
+            for index in rotation(run, Server::ALL.len()) {
                 let server = Server::ALL[index];
                 tollgate.nodes.reset_stats();
                 let before = cpu(server)?;

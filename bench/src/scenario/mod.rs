@@ -410,6 +410,14 @@ pub fn run_ratios<R>(
         .collect()
 }
 
+/// The indices `0..len` in the order run `run` (from 1) measures them: each run starts one later
+/// than the one before, so no point always runs on the warmest (or busiest) machine; with two
+/// points, they alternate.
+pub fn rotation(run: u32, len: usize) -> impl Iterator<Item = usize> + Clone {
+    let first = (run as usize).saturating_sub(1) % len.max(1);
+    (0..len).map(move |step| (first + step) % len)
+}
+
 /// The distinct values of `values`, in the order they first appear: the rows or columns of a
 /// report, in the order the scenario ran them.
 pub fn distinct<T: PartialEq>(values: impl IntoIterator<Item = T>) -> Vec<T> {
@@ -627,6 +635,10 @@ mod tests {
         ];
         let ratios = run_ratios(&records, |r| r.0, |r| r.1 == 'a', |r| r.1 == 'b', |r| r.2);
         assert_eq!(ratios, vec![0.9, 1.5]);
+        assert_eq!(rotation(1, 3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(rotation(2, 3).collect::<Vec<_>>(), [1, 2, 0]);
+        assert_eq!(rotation(4, 2).collect::<Vec<_>>(), [1, 0]);
+        assert_eq!(rotation(1, 0).count(), 0);
         assert_eq!(
             crate::doc::times_by_run(&ratios),
             "1.20× (runs: 0.90×, 1.50×)"

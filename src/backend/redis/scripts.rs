@@ -89,7 +89,6 @@ impl Scripts {
             script: &self.counter,
             suffixes: COUNTER_KEYS,
             args: Args::new([1, 1000, 0, 0]),
-            batched: None,
             base: keys.base("tollgate-permission-check"),
         }
     }
@@ -129,15 +128,14 @@ impl Scripts {
                 hit.lease_ms.min(lease::MAX_LEASE_MS),
             ]),
         };
-        let (script, suffixes, batched) = match hit.algorithm {
-            Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS, BATCH_COUNTER),
-            Algorithm::SlidingWindowLog => (&self.log, LOG_KEYS, BATCH_LOG),
+        let (script, suffixes) = match hit.algorithm {
+            Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS),
+            Algorithm::SlidingWindowLog => (&self.log, LOG_KEYS),
         };
         Ok(Call {
             script,
             suffixes,
             args,
-            batched: Some(batched),
             base: keys.base(&hit.key),
         })
     }
@@ -162,7 +160,6 @@ impl Scripts {
             script,
             suffixes,
             args,
-            batched: None,
             base: receipt.key.clone(),
         }
     }
@@ -172,16 +169,24 @@ impl Scripts {
     /// reads, parses, dispatches and answers one command instead of one per limit.
     pub fn batch<'c, 'a>(&'a self, calls: &'c [Call<'a>]) -> Batch<'c, 'a> {
         Batch {
-            script: &self.batch,
+            scripts: self,
             calls,
         }
     }
-}
 
-/// How `lua/batch.lua` names the counter's acquire script.
-const BATCH_COUNTER: u8 = 1;
-/// How `lua/batch.lua` names the log's acquire script.
-const BATCH_LOG: u8 = 2;
+    /// How `lua/batch.lua` names the script `call` runs: 1 the counter's acquire, 2 the log's;
+    /// 0 for any other, which the batch script refuses as a malformed hit, never runs as the
+    /// wrong one.
+    fn batch_number(&self, call: &Call<'_>) -> u64 {
+        if std::ptr::eq(call.script, &self.counter) {
+            1
+        } else if std::ptr::eq(call.script, &self.log) {
+            2
+        } else {
+            0
+        }
+    }
+}
 
 /// A script command: sent by hash, or with its text when the server's cache lost it.
 pub trait ScriptCommand {
@@ -225,8 +230,6 @@ pub struct Call<'a> {
     /// The script's KEYS are the base followed by each of these; all in one slot.
     suffixes: &'static [&'static str],
     args: Args,
-    /// How `lua/batch.lua` names this call's script, for an acquire call.
-    batched: Option<u8>,
     /// The limiter's key base, what a receipt names.
     base: String,
 }
@@ -319,7 +322,7 @@ impl ScriptCommand for Call<'_> {
 /// Acquire calls sent as one call of `lua/batch.lua`, whose reply holds one reply per call.
 #[derive(Debug, Clone, Copy)]
 pub struct Batch<'c, 'a> {
-    script: &'a Script,
+    scripts: &'a Scripts,
     calls: &'c [Call<'a>],
 }
 
@@ -337,10 +340,7 @@ impl Batch<'_, '_> {
             call.write_keys(&mut cmd);
         }
         for call in self.calls {
-            // Acquire calls name their script; any other would be refused by the script as a
-            // malformed hit, never run as the wrong one.
-            cmd.arg(u64::from(call.batched.unwrap_or(0)))
-                .arg(call.args.len);
+            cmd.arg(self.scripts.batch_number(call)).arg(call.args.len);
             for &value in call.args.as_slice() {
                 cmd.arg(value);
             }
@@ -364,11 +364,11 @@ impl Batch<'_, '_> {
 
 impl ScriptCommand for Batch<'_, '_> {
     fn evalsha(&self) -> Cmd {
-        self.command("EVALSHA", &self.script.hash)
+        self.command("EVALSHA", &self.scripts.batch.hash)
     }
 
     fn eval(&self) -> Cmd {
-        self.command("EVAL", self.script.code)
+        self.command("EVAL", self.scripts.batch.code)
     }
 }
 

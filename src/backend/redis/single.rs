@@ -1,11 +1,12 @@
 //! The `redis` backend: one Redis server (`redis://` or `rediss://`, optional user and password,
 //! TLS with client certificates, a unix socket), or the master that Redis Sentinel names.
 //!
-//! Connections come from a deadpool pool ([`super::connect::Pool`]). Each is a multiplexed connection that many
-//! requests share at once, so the backend keeps them checked out ("lanes", one unless the target
-//! asks for more) and spreads calls over them: a pool checkout costs a PING round trip (deadpool's
-//! health check), and paying it per request would double the cost of a decision. A lane whose connection breaks gives it back to the
-//! pool, which health-checks or replaces it. All hits of one request go in one call, one round
+//! Connections come from a deadpool pool ([`super::connect::Pool`]). Each is a multiplexed
+//! connection that many requests share at once, so the backend keeps them checked out ("lanes",
+//! one unless the target asks for more) and spreads calls over them: a pool checkout costs a PING
+//! round trip (deadpool's health check), and paying it per request would double the cost of a
+//! decision. A lane whose connection breaks gives it back to the pool, which health-checks or
+//! replaces it. All hits of one request go in one call, one round
 //! trip: a lone hit as its algorithm's script, several as the batch script (`lua/batch.lua`).
 
 use std::sync::Arc;
