@@ -308,11 +308,19 @@ impl<B> LocalCache<B> {
         if !entry.answers(hit, units, now_ms) {
             return None;
         }
+        // A cost above the limit never fits: the backend answers it with the full window
+        // whenever it is asked, so the cache does too rather than counting down to its entry's
+        // instant.
+        let reset_ms = if units > hit.limit {
+            hit.window_ms
+        } else {
+            (entry.until_ms - now_ms).max(1)
+        };
         Some(Outcome {
             verdict: Verdict {
                 admitted: false,
                 remaining: entry.remaining,
-                reset_ms: (entry.until_ms - now_ms).max(1),
+                reset_ms,
             },
             receipt: None,
             cached: true,
