@@ -42,8 +42,16 @@ end
 local MARGIN_MS = 5000 -- keys outlive their newest entry by this much
 local SCAN = 64 -- entries read per step when looking for the retry time
 
+-- Integers are printed through a C long ('%d'), which costs Redis far less than formatting a
+-- double ('%.0f') and prints the same digits for every value here (all below 2^53), where a
+-- long has 64 bits; a server whose long is narrower keeps the double formatting.
+local INT, MEMBER = '%.0f', '%.0f:%.0f'
+if string.format('%d', 9007199254740991) == '9007199254740991' then
+  INT, MEMBER = '%d', '%d:%d'
+end
+
 local function int(n)
-  return string.format('%.0f', n)
+  return string.format(INT, n)
 end
 
 local function cost_of(member)
@@ -129,7 +137,7 @@ if entry > 0 then
   if admitted then
     stamp = now + ahead
   end
-  redis.call('ZADD', log, int(stamp), string.format('%.0f:%.0f', id, entry))
+  redis.call('ZADD', log, int(stamp), string.format(MEMBER, id, entry))
   redis.call('HSET', meta, 'sum', int(used), 'seq', int(id))
   local ttl = int(window + (stamp - now) + MARGIN_MS)
   redis.call('PEXPIRE', meta, ttl)
