@@ -2,7 +2,7 @@
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
 //! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`,
-//! `grpc-floor`, `limitador`, `connections`) start what they need (tollgate as a process, Redis and a Redis
+//! `grpc-floor`, `limitador`, `connections`, `redis-bound`) start what they need (tollgate as a process, Redis and a Redis
 //! Cluster through the testkit, redis-benchmark for the ceilings, an empty RLS server, a
 //! limitador-server the operator built), measure, keep every run
 //! as a JSON line in `target/bench/`, and print their report section; `report` runs several of
@@ -35,6 +35,7 @@ use crate::scenario::limitador::{Limitador, LimitadorOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
 use crate::scenario::overload::{Overload, OverloadOptions};
+use crate::scenario::redis_bound::{RedisBound, RedisBoundOptions};
 use crate::scenario::redis_cpu::{RedisCpu, RedisCpuOptions};
 use crate::scenario::{Bench, ScaleArgs, Scenario};
 
@@ -172,6 +173,15 @@ enum Command {
         options: ConnectionsOptions,
     },
 
+    /// tollgate against redis-benchmark's EVALSHA of the same script when Redis, held to a
+    /// share of one CPU, is what runs out: calls per second and Redis CPU per call of each.
+    RedisBound {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: RedisBoundOptions,
+    },
+
     /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
     /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
     EmptyServer(empty::EmptyServerArgs),
@@ -206,6 +216,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::GrpcFloor { scale, options } => run_one(&scale, &GrpcFloor::new(options)),
         Command::Limitador { scale, options } => run_one(&scale, &Limitador::new(options)),
         Command::Connections { scale, options } => run_one(&scale, &Connections::new(options)),
+        Command::RedisBound { scale, options } => run_one(&scale, &RedisBound::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
     }

@@ -80,12 +80,14 @@ pub struct Throttle {
 }
 
 impl Throttle {
-    /// Runs `pids` for `share` (0 < share < 1) of every `period`.
+    /// Runs `pids` for `share` (0 < share < 1) of every `period`, on average over the time since
+    /// the start.
     pub fn start(pids: Vec<u32>, share: f64, period: std::time::Duration) -> Throttle {
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let running = period.mul_f64(share.clamp(0.0, 1.0));
-        let stopped = period.saturating_sub(running);
+        // A share of zero would never resume them; a thousandth is as little as is useful.
+        let share = share.clamp(1e-3, 1.0);
+        let running = period.mul_f64(share);
         let signal = move |pids: &[u32], signal: libc::c_int| {
             for &pid in pids {
                 // SAFETY: kill only sends a signal; a pid that has exited is reported, not
@@ -96,10 +98,21 @@ impl Throttle {
         let cycler = {
             let stop = std::sync::Arc::clone(&stop);
             std::thread::spawn(move || {
+                // A sleep on a busy machine overruns by up to a scheduling slice, which would
+                // hand the processes more than their share at random, and by a different amount
+                // in every run. So each pause lasts until the time they were let run is `share`
+                // of the time since the start: an overrun is paid back by the next pause.
+                let start = std::time::Instant::now();
+                let mut ran = std::time::Duration::ZERO;
                 while !stop.load(Ordering::Relaxed) {
+                    let resumed = std::time::Instant::now();
                     std::thread::sleep(running);
                     signal(&pids, libc::SIGSTOP);
-                    std::thread::sleep(stopped);
+                    ran += resumed.elapsed();
+                    let resume_at = start + ran.div_f64(share);
+                    std::thread::sleep(
+                        resume_at.saturating_duration_since(std::time::Instant::now()),
+                    );
                     signal(&pids, libc::SIGCONT);
                 }
             })

@@ -142,6 +142,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         "lease",
         "grpc-floor",
         "connections",
+        "redis-bound",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -393,6 +394,34 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         doc.contains("decisions/s of each pool size over 1 connection, the median"),
         "{doc}"
     );
+    // redis-bound: both clients ran each algorithm against the throttled server, every tollgate
+    // decision was one script call, and the ratio of their rates is written.
+    let bound = records(&results, "redis-bound");
+    let bound_runs = of_kind(&bound, "run");
+    assert_eq!(bound_runs.len(), 4, "{bound_runs:?}");
+    for run in &bound_runs {
+        assert!(number(run, &["rate"]) > 0.0, "{run}");
+        assert!(number(run, &["redis_cpu_seconds"]) > 0.0, "{run}");
+        if run["client"] == "tollgate" {
+            assert_eq!(
+                number(run, &["script_calls"]),
+                number(run, &["calls"]),
+                "{run}"
+            );
+        }
+    }
+    assert_eq!(
+        table_after(&doc, "### When Redis is what runs out").len(),
+        4
+    );
+    for algorithm in ["counter", "log"] {
+        assert!(
+            doc.contains(&format!(
+                "{algorithm}: tollgate's decisions/s over redis-benchmark's calls/s, the median"
+            )),
+            "{doc}"
+        );
+    }
     // cost: both tollgates decided, and the ratio of their throughputs is written.
     let cost = records(&results, "cost");
     let cost_runs = of_kind(&cost, "run");

@@ -22,6 +22,7 @@ pub mod limitador;
 pub mod matrix;
 pub mod memory;
 pub mod overload;
+pub mod redis_bound;
 pub mod redis_cpu;
 
 use std::fs::File;
@@ -73,11 +74,13 @@ pub enum ScenarioName {
     Limitador,
     /// How many connections to keep to one Redis server.
     Connections,
+    /// tollgate against redis-benchmark when Redis is what runs out.
+    RedisBound,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 12] = [
+    pub const ALL: [ScenarioName; 13] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -90,6 +93,7 @@ impl ScenarioName {
         ScenarioName::GrpcFloor,
         ScenarioName::Limitador,
         ScenarioName::Connections,
+        ScenarioName::RedisBound,
     ];
 
     /// The name in records, file names and report markers.
@@ -107,6 +111,7 @@ impl ScenarioName {
             ScenarioName::GrpcFloor => "grpc-floor",
             ScenarioName::Limitador => "limitador",
             ScenarioName::Connections => "connections",
+            ScenarioName::RedisBound => "redis-bound",
         }
     }
 }
@@ -126,6 +131,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::GrpcFloor => Box::new(grpc_floor::GrpcFloor::new(defaults())),
         ScenarioName::Limitador => Box::new(limitador::Limitador::new(defaults())),
         ScenarioName::Connections => Box::new(connections::Connections::new(defaults())),
+        ScenarioName::RedisBound => Box::new(redis_bound::RedisBound::new(defaults())),
     }
 }
 
