@@ -296,19 +296,23 @@ impl<'a> Stand<'a> {
         self.tollgate.grpc_addr()
     }
 
+    /// The tollgate process's id, or what it logged when it is no longer running.
+    fn tollgate_pid(&self) -> anyhow::Result<u32> {
+        match self.tollgate.pid() {
+            Some(pid) => Ok(pid),
+            None => bail!("tollgate is not running:\n{}", self.tollgate.log()),
+        }
+    }
+
     /// CPU seconds the tollgate process has used so far.
     pub fn tollgate_cpu_seconds(&self) -> anyhow::Result<f64> {
-        let Some(pid) = self.tollgate.pid() else {
-            bail!("tollgate is not running:\n{}", self.tollgate.log());
-        };
+        let pid = self.tollgate_pid()?;
         crate::proc::cpu_seconds(pid)
     }
 
     /// The resident memory of the tollgate process now, in bytes.
     pub fn tollgate_rss_bytes(&self) -> anyhow::Result<u64> {
-        let Some(pid) = self.tollgate.pid() else {
-            bail!("tollgate is not running:\n{}", self.tollgate.log());
-        };
+        let pid = self.tollgate_pid()?;
         crate::proc::rss_bytes(pid)
     }
 
@@ -327,9 +331,7 @@ impl<'a> Stand<'a> {
         if cpus < 2 {
             return Ok(None);
         }
-        let Some(pid) = self.tollgate.pid() else {
-            bail!("tollgate is not running:\n{}", self.tollgate.log());
-        };
+        let pid = self.tollgate_pid()?;
         crate::proc::pin(pid, 0..1)?;
         for node in &self.nodes.all {
             if let Some(pid) = node.pid() {
@@ -338,6 +340,36 @@ impl<'a> Stand<'a> {
         }
         crate::proc::pin(0, 1..cpus)?;
         Ok(Some(CpuSplit { cpus }))
+    }
+
+    /// Gives Redis a CPU of its own: every Redis process behind this stand runs on the last
+    /// CPU, tollgate and this process (the generator, and the clients it starts) on the others,
+    /// until the guard is dropped. `None` on a machine with one CPU. A Redis held to a share of a
+    /// CPU then gets that share whenever it may run, instead of waiting for a core while its
+    /// clients work through the replies it just sent.
+    pub fn isolate_redis(&self) -> anyhow::Result<Option<RedisApart>> {
+        let cpus = crate::proc::online_cpus();
+        if cpus < 2 {
+            return Ok(None);
+        }
+        let tollgate = self.tollgate_pid()?;
+        let redis: Vec<u32> = self
+            .nodes
+            .all
+            .iter()
+            .filter_map(|node| node.pid())
+            .collect();
+        // The guard exists before the first pin, so a failure part way still undoes them all.
+        let apart = RedisApart {
+            cpus,
+            pids: redis.iter().copied().chain([tollgate, 0]).collect(),
+        };
+        for &pid in &redis {
+            crate::proc::pin(pid, cpus - 1..cpus)?;
+        }
+        crate::proc::pin(tollgate, 0..cpus - 1)?;
+        crate::proc::pin(0, 0..cpus - 1)?;
+        Ok(Some(apart))
     }
 }
 
@@ -356,6 +388,27 @@ impl Nodes<'_> {
 #[derive(Debug)]
 pub struct CpuSplit {
     cpus: usize,
+}
+
+/// While alive, Redis runs on a CPU of its own ([`Stand::isolate_redis`]); dropping it gives
+/// every process it moved every CPU back.
+#[derive(Debug)]
+pub struct RedisApart {
+    cpus: usize,
+    pids: Vec<u32>,
+}
+
+impl Drop for RedisApart {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            // A server that has exited since needs nothing back.
+            if let Err(error) = crate::proc::pin(pid, 0..self.cpus)
+                && pid == 0
+            {
+                eprintln!("tollgate-bench: giving the generator every CPU back: {error:#}");
+            }
+        }
+    }
 }
 
 impl Drop for CpuSplit {

@@ -4,8 +4,9 @@
 //! In the matrix every process shares two cores, so tollgate's peak is where its gRPC side, the
 //! load generator's and Redis together fill them, and its ratio to redis-benchmark (a small C
 //! client) says more about gRPC than about how tollgate uses Redis. Here the one redis-server is
-//! held to a share of one CPU ([`crate::proc::Throttle`]), low enough that the clients keep it
-//! busy with cores to spare, so both clients run at the rate Redis can serve them: what is
+//! held to a share of a CPU of its own ([`crate::proc::Throttle`], [`Stand::isolate_redis`]),
+//! low enough that the clients keep it busy with time to spare on the other cores, so both
+//! clients run at the rate Redis can serve them: what is
 //! compared is how much of Redis each call takes and whether the client keeps Redis fed. Both
 //! send the same script on keys of the same shape with the same calls in flight:
 //! redis-benchmark with one connection per call in flight, tollgate with its multiplexed
@@ -156,6 +157,10 @@ impl Scenario for RedisBound {
             .connect(&[stand.grpc_addr()], options.connections)?;
         let nodes = &stand.nodes;
         nodes.flush();
+        // Redis's share is of wall-clock time: on a core it shared with tollgate and the
+        // generator, the replies of each slice would wake them all inside Redis's next slice and
+        // take its CPU, and the comparison would again be of the clients' CPU, not Redis's.
+        let _apart = stand.isolate_redis()?;
         let _slow = nodes.throttle(options.redis_share);
 
         // Per algorithm: the ceiling's script loaded and its run sized, then a warmup of both.
@@ -275,13 +280,15 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let _ = writeln!(out, "### When Redis is what runs out\n");
     let _ = writeln!(
         out,
-        "{} One redis-server held to {} of one CPU (stopped and resumed in 5 ms cycles), so \
-         that both clients have cores to spare and Redis sets the rate. The same script on keys \
+        "{} One redis-server on a CPU of its own, held to {} of it (stopped and resumed in 5 ms \
+         cycles), with the clients on the other CPUs, so that both clients have time to spare \
+         and Redis sets the rate. The same script on keys \
          of the same shape ({} values drawn uniformly, under a limit no load reaches), {} calls \
          in flight: redis-benchmark with one connection per call, tollgate with its \
          one multiplexed connection and one descriptor a request; each run measures every row \
-         one after the other, rotating which goes first. Redis CPU: redis-server's own, per \
-         script call it served (`INFO commandstats`).\n",
+         one after the other, rotating which goes first. A tollgate call is one decision. Redis \
+         CPU: redis-server's process time (from `/proc`) over the script calls it served (from \
+         `INFO commandstats`).\n",
         measured(&conditions),
         percent(Some(first.redis_share)),
         count(Some(first.keys as f64)),
