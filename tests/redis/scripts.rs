@@ -16,6 +16,7 @@ cases! {
     a_leased_log_entry_counts_until_its_lease_ends: [redis];
     settling_a_slice_gives_back_the_unspent_units: [redis];
     a_batch_decides_each_hit_as_its_own_call: [redis];
+    stored_numbers_are_whole_integers_as_every_version_writes_them: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
@@ -411,4 +412,71 @@ async fn a_batch_decides_each_hit_as_its_own_call(t: &Target) {
             (_, Err(err)) => panic!("hit {index} failed beside the broken one: {err}"),
         }
     }
+}
+
+/// What the scripts store is read by every tollgate sharing the keys, older versions included:
+/// ids, scores, sums and window indexes are written as plain decimal integers (a 16-digit id too,
+/// which Lua's own number conversion would shorten to 14 significant digits).
+async fn stored_numbers_are_whole_integers_as_every_version_writes_them(t: &Target) {
+    let backend = connect(t).await;
+    let now: u64 = 1_764_000_000_123;
+    let log = fresh_key("layout-log");
+    let counter = fresh_key("layout-counter");
+    let hits = [
+        hit(
+            &log,
+            Algorithm::SlidingWindowLog,
+            10,
+            60_000,
+            Cost::Consume(3),
+        ),
+        hit(
+            &counter,
+            Algorithm::SlidingWindowCounter,
+            10,
+            60_000,
+            Cost::Consume(2),
+        ),
+    ];
+    for outcome in backend.acquire_at(&hits, now).await {
+        assert!(outcome.expect("decided").verdict.admitted);
+    }
+    let keys = t
+        .redis_server()
+        .cli(&["--scan", "--pattern", &format!("{}*", t.prefix())]);
+    let key_of = |name: &str, suffix: &str| -> String {
+        keys.lines()
+            .find(|line| line.contains(name) && line.ends_with(suffix))
+            .unwrap_or_else(|| panic!("no {name} key ending {suffix} in {keys}"))
+            .to_owned()
+    };
+    let id = now * 1000 + 1;
+    let entries = t
+        .redis_server()
+        .cli(&["ZRANGE", &key_of(&log, ":l"), "0", "-1", "WITHSCORES"]);
+    assert_eq!(
+        entries.lines().collect::<Vec<_>>(),
+        [format!("{id}:3"), now.to_string()],
+        "the log's entry"
+    );
+    let sum = t.redis_server().cli(&["HGETALL", &key_of(&log, ":s")]);
+    let sum: BTreeMap<&str, &str> = sum
+        .lines()
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .map(|pair| (pair[0], pair[1]))
+        .collect();
+    let id_text = id.to_string();
+    assert_eq!(
+        sum,
+        BTreeMap::from([("seq", id_text.as_str()), ("sum", "3")]),
+        "the log's sum"
+    );
+    let windows = t.redis_server().cli(&["HGETALL", &key_of(&counter, ":c")]);
+    let window = (now / 60_000).to_string();
+    assert_eq!(
+        windows.lines().collect::<Vec<_>>(),
+        [window.as_str(), "2"],
+        "the counter's window"
+    );
 }
