@@ -193,7 +193,11 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
         Some(files) => Some(ServerTls::load(files.clone()).context("gRPC TLS")?),
         None => None,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = settings.worker_threads {
+        runtime.worker_threads(threads.get());
+    }
+    let runtime = runtime
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

@@ -18,6 +18,7 @@
 //! runtime directory layout, a debug listener on 6070 and 24 h connection ages.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -273,6 +274,11 @@ pub struct Flags {
     /// unbounded [default: 256].
     #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
+    /// Threads that run decisions (the async runtime's workers); also TOKIO_WORKER_THREADS, or
+    /// GOMAXPROCS as the reference's Go runtime reads it [default: the CPUs the process may
+    /// use, a cgroup's CPU quota included].
+    #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
+    pub worker_threads: Option<NonZeroUsize>,
     /// Turn health NOT_SERVING once every backend call has failed for this long (e.g. `30s`).
     /// Unset, a sustained failure is logged as an error and health stays SERVING, since each
     /// limit answers its failure_mode [default: unset].
@@ -483,6 +489,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// The most decisions in flight at once; `None`: unbounded.
     pub max_in_flight: Option<usize>,
+    /// Worker threads of the async runtime; `None`: one per CPU the process may use.
+    pub worker_threads: Option<NonZeroUsize>,
     /// Health turns NOT_SERVING once every backend call has failed for this long; `None`: a
     /// sustained failure is only logged.
     pub health_fail_after: Option<Duration>,
@@ -628,6 +636,25 @@ impl Settings {
             },
         };
 
+        // Runtime. tokio would read TOKIO_WORKER_THREADS itself, and panic on a bad value;
+        // reading it here turns that into an error that names it. GOMAXPROCS is what the
+        // reference's Go runtime reads as the threads running its code at once; Go ignores a
+        // value that is not a whole number of 1 or more, so a deployment that set one still
+        // starts, with a notice.
+        let worker_threads = match flags.worker_threads {
+            Some(threads) => Some(threads),
+            None => match env.count("TOKIO_WORKER_THREADS")? {
+                Some(threads) => Some(threads),
+                None => match env.count("GOMAXPROCS") {
+                    Ok(threads) => threads,
+                    Err(error) => {
+                        notices.push(format!("{error}; ignored, as Go ignores it"));
+                        None
+                    }
+                },
+            },
+        };
+
         // Policies.
         let policies = policies(entry, flags, &env)?;
         let force_start_without_initial_config = env
@@ -730,6 +757,7 @@ impl Settings {
                 Some(bound) => Some(bound),
                 None => Some(DEFAULT_MAX_IN_FLIGHT),
             },
+            worker_threads,
             health_fail_after: flags.health_fail_after,
             backend,
             limiter,
@@ -1397,6 +1425,17 @@ impl Env<'_> {
             Some(text) => go_int(&text)
                 .map(Some)
                 .ok_or_else(|| self.malformed(name, "a whole number")),
+        }
+    }
+
+    /// A positive whole number; unset or empty is `None`.
+    fn count(&self, name: &str) -> Result<Option<NonZeroUsize>, SettingsError> {
+        match self.string(name).as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(text) => text
+                .parse::<NonZeroUsize>()
+                .map(Some)
+                .map_err(|_| self.malformed(name, "a whole number of 1 or more")),
         }
     }
 

@@ -10,7 +10,7 @@ use tollgate_testkit::mount::Mount;
 use tollgate_testkit::net::{agent, send};
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::reference::Ratelimit;
-use tollgate_testkit::tollgate::tollgate_bin;
+use tollgate_testkit::tollgate::{Tollgate, TollgateBuilder, tollgate_bin};
 use tollgate_testkit::wait;
 
 const REQUEST: &str =
@@ -128,6 +128,11 @@ fn malformed_settings_stop_start_up_naming_the_variable() {
             "ratelimit: USE_PROMETHEUS=yes: expected true or false",
         ),
         (
+            // The async runtime would panic on this one; the settings name it first.
+            &[("TOKIO_WORKER_THREADS", "0")][..],
+            "ratelimit: TOKIO_WORKER_THREADS=0: expected a whole number of 1 or more",
+        ),
+        (
             &[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..],
             "ratelimit: CONFIG_GRPC_XDS_SERVER_URL is not set",
         ),
@@ -142,6 +147,7 @@ fn malformed_settings_stop_start_up_naming_the_variable() {
     ] {
         let (success, log) = ratelimit_exits_with(vars);
         assert!(!success, "{vars:?} started");
+        assert!(!log.contains("panicked"), "{vars:?}:\n{log}");
         assert!(
             log.contains(expected),
             "{vars:?}: expected {expected:?} in\n{log}"
@@ -250,7 +256,7 @@ fn with_no_variables_and_no_flags_serve_behaves_as_before() {
 
 #[test]
 fn serve_config_reads_top_level_yaml_and_names_what_it_skipped() {
-    let tollgate = tollgate_testkit::tollgate::Tollgate::builder()
+    let tollgate = Tollgate::builder()
         .policy("rl.yaml", CONFIG)
         .policy("README.md", "not a policy")
         .policy(".hidden.yaml", "not read either")
@@ -264,4 +270,29 @@ fn serve_config_reads_top_level_yaml_and_names_what_it_skipped() {
     assert!(skipped[0].contains("README.md"), "{log}");
     let rlconfig = send(&agent(), "GET", &tollgate.url("/rlconfig"), &[], None).body;
     assert!(rlconfig.contains("rl.foo_bar"), "{rlconfig}");
+}
+
+#[test]
+fn gomaxprocs_sizes_the_runtime_as_it_sizes_the_references_and_the_flag_wins() {
+    let workers = |builder: TollgateBuilder| {
+        let log = builder.policy("rl.yaml", CONFIG).start().log();
+        let line = log
+            .lines()
+            .find(|line| line.contains("tollgate listening"))
+            .unwrap_or_else(|| panic!("no listening line in\n{log}"))
+            .to_owned();
+        line.split_whitespace()
+            .find_map(|field| field.strip_prefix("workers="))
+            .unwrap_or_else(|| panic!("no workers= in {line}"))
+            .to_owned()
+    };
+    assert_eq!(workers(Tollgate::builder().env("GOMAXPROCS", "3")), "3");
+    assert_eq!(
+        workers(
+            Tollgate::builder()
+                .env("GOMAXPROCS", "3")
+                .args(["--worker-threads", "1"])
+        ),
+        "1"
+    );
 }

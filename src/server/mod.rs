@@ -380,6 +380,7 @@ pub async fn serve<B: Backend>(
         debug = %optional(debug_addr),
         metrics = %optional(metrics_addr),
         tls = options.tls.as_ref().map_or("off", |tls| if tls.is_mutual() { "mutual" } else { "on" }),
+        workers = tokio::runtime::Handle::current().metrics().num_workers(),
         "tollgate listening"
     );
 

@@ -599,3 +599,58 @@ fn the_local_cache_is_on_for_memory_off_for_redis_unless_set() {
     assert_eq!(parse_size("0"), Ok(0));
     assert_eq!(parse_size("8MiB"), Ok(8 << 20));
 }
+
+#[test]
+fn worker_threads_come_from_the_flag_then_tokio_then_go() {
+    let threads = |flags: &Flags, vars: &[(&str, &str)]| {
+        resolve(Entry::Tollgate, flags, vars)
+            .unwrap()
+            .worker_threads
+            .map(NonZeroUsize::get)
+    };
+    assert_eq!(threads(&config_flag(), &[]), None);
+    assert_eq!(threads(&config_flag(), &[("GOMAXPROCS", "3")]), Some(3));
+    assert_eq!(
+        threads(
+            &config_flag(),
+            &[("GOMAXPROCS", "3"), ("TOKIO_WORKER_THREADS", "2")]
+        ),
+        Some(2)
+    );
+    let flags = Flags {
+        worker_threads: NonZeroUsize::new(1),
+        ..config_flag()
+    };
+    assert_eq!(
+        threads(
+            &flags,
+            &[("GOMAXPROCS", "3"), ("TOKIO_WORKER_THREADS", "2")]
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        threads(&config_flag(), &[("TOKIO_WORKER_THREADS", "")]),
+        None
+    );
+}
+
+#[test]
+fn a_bad_worker_count_is_named_where_go_would_have_ignored_it_a_notice() {
+    // tokio itself panics on these; tollgate stops with the variable's name instead.
+    for value in ["abc", "0", "-2", "1.5"] {
+        let e = error(Entry::Tollgate, &[("TOKIO_WORKER_THREADS", value)]);
+        assert_eq!(
+            e,
+            format!("TOKIO_WORKER_THREADS={value}: expected a whole number of 1 or more")
+        );
+    }
+    // The reference's Go runtime starts with any GOMAXPROCS, so the swapped image does too.
+    let settings = resolve(Entry::Reference, &Flags::default(), &[("GOMAXPROCS", "0")]).unwrap();
+    assert_eq!(settings.worker_threads, None);
+    assert!(
+        settings.notices.iter().any(|notice| notice
+            == "GOMAXPROCS=0: expected a whole number of 1 or more; ignored, as Go ignores it"),
+        "{:?}",
+        settings.notices
+    );
+}
