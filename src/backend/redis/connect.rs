@@ -623,9 +623,13 @@ impl Manager {
     pub fn new(connector: Connector, connect_timeout: Duration) -> Manager {
         Manager {
             connector,
+            // No response timeout of the connection's own: every command tollgate sends is
+            // already raced against a deadline of tollgate's (a decision's backend timeout,
+            // the pool's create and recycle timeouts, the start-up checks), and a second timer
+            // per call would only cost a timer-wheel insertion and removal on every decision.
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(connect_timeout)),
+                .set_response_timeout(None),
             pings: AtomicUsize::new(0),
         }
     }
