@@ -40,7 +40,7 @@ if redis.replicate_commands then
 end
 
 local MARGIN_MS = 5000 -- keys outlive their newest entry by this much
-local SCAN = 64 -- entries read per step when looking for the retry time
+local SCAN = 64 -- the most entries read per step when looking for the retry time
 
 -- Integers are printed through a C long ('%d'), which costs Redis far less than formatting a
 -- double ('%.0f') and prints the same digits for every value here (all below 2^53), where a
@@ -176,7 +176,10 @@ else
   reset = window -- unless the entries say sooner (they always do while the sum agrees with them)
   local left = used
   local from = 0
-  local step = SCAN
+  -- Every entry costs at least 1, so at most used - target of the oldest must leave: the first
+  -- step reads no more than that (a hit one over a full log of single hits reads one entry,
+  -- not 64), and only a sum that disagrees with the entries takes a second step.
+  local step = math.min(SCAN, used - target)
   while left > target do
     local batch = redis.call('ZRANGE', log, from, from + step - 1, 'WITHSCORES')
     if #batch == 0 then
