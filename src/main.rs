@@ -193,11 +193,14 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
         Some(files) => Some(ServerTls::load(files.clone()).context("gRPC TLS")?),
         None => None,
     };
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = settings.worker_threads {
-        runtime.worker_threads(threads.get());
-    }
-    let runtime = runtime
+    // Always set, so that tokio never reads TOKIO_WORKER_THREADS itself: it panics on a value
+    // the settings let through as unset (an empty one).
+    let workers = settings.worker_threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        std::num::NonZeroUsize::get,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

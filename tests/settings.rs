@@ -287,6 +287,12 @@ fn gomaxprocs_sizes_the_runtime_as_it_sizes_the_references_and_the_flag_wins() {
             .to_owned()
     };
     assert_eq!(workers(Tollgate::builder().env("GOMAXPROCS", "3")), "3");
+    // Empty is unset: one worker per CPU this process may use, as tollgate's would be.
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    assert_eq!(
+        workers(Tollgate::builder().env("TOKIO_WORKER_THREADS", "")),
+        cpus.to_string()
+    );
     assert_eq!(
         workers(
             Tollgate::builder()
