@@ -171,12 +171,25 @@ fn check(path: &Path, merge_domains: Option<bool>) -> ExitCode {
     }
 }
 
-/// The level: the flag or LOG_LEVEL when given, else RUST_LOG's filter, else `info`.
+/// The level: the flag or LOG_LEVEL when given, else RUST_LOG's filter (unless empty), else
+/// `info`. A RUST_LOG that does not parse is named in a warning (logging starts at `info`).
 fn init_logging(settings: &Settings) {
+    let mut rejected = None;
     let filter = match settings.log.level {
         Some(level) => tracing_subscriber::EnvFilter::new(level.as_str()),
-        None => tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        // Empty is unset, as for every other variable (an empty filter would log nothing).
+        None => match settings::process_env("RUST_LOG").filter(|v| !v.trim().is_empty()) {
+            None => tracing_subscriber::EnvFilter::new("info"),
+            Some(value) => match tracing_subscriber::EnvFilter::try_new(&value) {
+                Ok(filter) => filter,
+                Err(error) => {
+                    rejected = Some(format!(
+                        "RUST_LOG={value}: {error}; logging at info instead"
+                    ));
+                    tracing_subscriber::EnvFilter::new("info")
+                }
+            },
+        },
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -185,6 +198,9 @@ fn init_logging(settings: &Settings) {
     match settings.log.format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+    if let Some(why) = rejected {
+        tracing::warn!("{why}");
     }
 }
 

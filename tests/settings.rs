@@ -302,3 +302,26 @@ fn gomaxprocs_sizes_the_runtime_as_it_sizes_the_references_and_the_flag_wins() {
         "1"
     );
 }
+
+#[test]
+fn a_rust_log_that_does_not_parse_is_named_and_logging_goes_on_at_info() {
+    let log = Tollgate::builder()
+        .policy("rl.yaml", CONFIG)
+        .env("RUST_LOG", "tollgate=loud")
+        .start()
+        .log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("RUST_LOG=tollgate=loud: "))
+        .unwrap_or_else(|| panic!("no warning naming RUST_LOG in\n{log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.ends_with("logging at info instead"), "{warning}");
+    // An empty RUST_LOG is unset: info, where an empty filter would have logged nothing (the
+    // start waits for the info line that names the listening addresses).
+    let log = Tollgate::builder()
+        .policy("rl.yaml", CONFIG)
+        .env("RUST_LOG", "")
+        .start()
+        .log();
+    assert!(log.contains("tollgate listening"), "{log}");
+}
