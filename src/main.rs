@@ -171,26 +171,9 @@ fn check(path: &Path, merge_domains: Option<bool>) -> ExitCode {
     }
 }
 
-/// The level: the flag or LOG_LEVEL when given, else RUST_LOG's filter (unless empty), else
-/// `info`. A RUST_LOG that does not parse is named in a warning (logging starts at `info`).
+/// Logging as the settings resolved it (their notices follow, once it is up).
 fn init_logging(settings: &Settings) {
-    let mut rejected = None;
-    let filter = match settings.log.level {
-        Some(level) => tracing_subscriber::EnvFilter::new(level.as_str()),
-        // Empty is unset, as for every other variable (an empty filter would log nothing).
-        None => match settings::process_env("RUST_LOG").filter(|v| !v.trim().is_empty()) {
-            None => tracing_subscriber::EnvFilter::new("info"),
-            Some(value) => match tracing_subscriber::EnvFilter::try_new(&value) {
-                Ok(filter) => filter,
-                Err(error) => {
-                    rejected = Some(format!(
-                        "RUST_LOG={value}: {error}; logging at info instead"
-                    ));
-                    tracing_subscriber::EnvFilter::new("info")
-                }
-            },
-        },
-    };
+    let filter = tracing_subscriber::EnvFilter::new(settings.log.directives());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -198,9 +181,6 @@ fn init_logging(settings: &Settings) {
     match settings.log.format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
-    }
-    if let Some(why) = rejected {
-        tracing::warn!("{why}");
     }
 }
 
@@ -210,13 +190,9 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
         None => None,
     };
     // Always set, so that tokio never reads TOKIO_WORKER_THREADS itself: it panics on a value
-    // the settings let through as unset (an empty one).
-    let workers = settings.worker_threads.map_or_else(
-        || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
-        std::num::NonZeroUsize::get,
-    );
+    // the settings read as unset (an empty one).
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
+        .worker_threads(settings.worker_threads.get())
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

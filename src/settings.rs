@@ -336,8 +336,21 @@ pub enum PolicySettings {
 pub struct LogSettings {
     /// The level; `None` leaves it to `RUST_LOG` (default `info`).
     pub level: Option<LogLevel>,
+    /// `RUST_LOG`'s filter, when no level is given and it is set, not empty, and parses.
+    pub rust_log: Option<String>,
     /// The line format.
     pub format: LogFormat,
+}
+
+impl LogSettings {
+    /// The filter logging starts with: the level, else `RUST_LOG`'s, else `info`.
+    pub fn directives(&self) -> &str {
+        match (self.level, &self.rust_log) {
+            (Some(level), _) => level.as_str(),
+            (None, Some(filter)) => filter,
+            (None, None) => LogLevel::Info.as_str(),
+        }
+    }
 }
 
 /// The gRPC server's connection behaviour.
@@ -489,8 +502,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// The most decisions in flight at once; `None`: unbounded.
     pub max_in_flight: Option<usize>,
-    /// Worker threads of the async runtime; `None`: one per CPU the process may use.
-    pub worker_threads: Option<NonZeroUsize>,
+    /// Worker threads of the async runtime (by default one per CPU the process may use).
+    pub worker_threads: NonZeroUsize,
     /// Health turns NOT_SERVING once every backend call has failed for this long; `None`: a
     /// sustained failure is only logged.
     pub health_fail_after: Option<Duration>,
@@ -635,24 +648,42 @@ impl Settings {
                 _ => LogFormat::Text,
             },
         };
+        // Empty is unset, as for every other variable (an empty filter would log nothing); a
+        // filter that does not parse is named, and logging starts at info.
+        let rust_log = match env.string("RUST_LOG").filter(|v| !v.trim().is_empty()) {
+            Some(value) if level.is_none() => {
+                match tracing_subscriber::EnvFilter::try_new(&value) {
+                    Ok(_) => Some(value),
+                    Err(error) => {
+                        notices.push(format!(
+                            "RUST_LOG={value}: {error}; logging at info instead"
+                        ));
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
 
         // Runtime. tokio would read TOKIO_WORKER_THREADS itself, and panic on a bad value;
         // reading it here turns that into an error that names it. GOMAXPROCS is what the
         // reference's Go runtime reads as the threads running its code at once; Go ignores a
         // value that is not a whole number of 1 or more, so a deployment that set one still
         // starts, with a notice.
+        let go_max_procs = |notices: &mut Vec<String>| {
+            env.count("GOMAXPROCS").unwrap_or_else(|error| {
+                notices.push(format!("{error}; ignored, as Go ignores it"));
+                None
+            })
+        };
         let worker_threads = match flags.worker_threads {
-            Some(threads) => Some(threads),
-            None => match env.count("TOKIO_WORKER_THREADS")? {
-                Some(threads) => Some(threads),
-                None => match env.count("GOMAXPROCS") {
-                    Ok(threads) => threads,
-                    Err(error) => {
-                        notices.push(format!("{error}; ignored, as Go ignores it"));
-                        None
-                    }
-                },
-            },
+            Some(threads) => threads,
+            None => env
+                .count("TOKIO_WORKER_THREADS")?
+                .or_else(|| go_max_procs(&mut notices))
+                .unwrap_or_else(|| {
+                    std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
+                }),
         };
 
         // Policies.
@@ -743,7 +774,11 @@ impl Settings {
                 max_connection_age,
                 max_connection_age_grace,
             },
-            log: LogSettings { level, format },
+            log: LogSettings {
+                level,
+                rust_log,
+                format,
+            },
             policies,
             load_options,
             force_start_without_initial_config,

@@ -603,19 +603,25 @@ fn the_local_cache_is_on_for_memory_off_for_redis_unless_set() {
 #[test]
 fn worker_threads_come_from_the_flag_then_tokio_then_go() {
     let threads = |flags: &Flags, vars: &[(&str, &str)]| {
-        resolve(Entry::Tollgate, flags, vars)
-            .unwrap()
-            .worker_threads
-            .map(NonZeroUsize::get)
+        Some(
+            resolve(Entry::Tollgate, flags, vars)
+                .unwrap()
+                .worker_threads,
+        )
     };
-    assert_eq!(threads(&config_flag(), &[]), None);
-    assert_eq!(threads(&config_flag(), &[("GOMAXPROCS", "3")]), Some(3));
+    // Unset: one per CPU this process may use.
+    let cpus = std::thread::available_parallelism().ok();
+    assert_eq!(threads(&config_flag(), &[]), cpus);
+    assert_eq!(
+        threads(&config_flag(), &[("GOMAXPROCS", "3")]),
+        NonZeroUsize::new(3)
+    );
     assert_eq!(
         threads(
             &config_flag(),
             &[("GOMAXPROCS", "3"), ("TOKIO_WORKER_THREADS", "2")]
         ),
-        Some(2)
+        NonZeroUsize::new(2)
     );
     let flags = Flags {
         worker_threads: NonZeroUsize::new(1),
@@ -626,11 +632,11 @@ fn worker_threads_come_from_the_flag_then_tokio_then_go() {
             &flags,
             &[("GOMAXPROCS", "3"), ("TOKIO_WORKER_THREADS", "2")]
         ),
-        Some(1)
+        NonZeroUsize::new(1)
     );
     assert_eq!(
         threads(&config_flag(), &[("TOKIO_WORKER_THREADS", "")]),
-        None
+        cpus
     );
 }
 
@@ -646,11 +652,40 @@ fn a_bad_worker_count_is_named_where_go_would_have_ignored_it_a_notice() {
     }
     // The reference's Go runtime starts with any GOMAXPROCS, so the swapped image does too.
     let settings = resolve(Entry::Reference, &Flags::default(), &[("GOMAXPROCS", "0")]).unwrap();
-    assert_eq!(settings.worker_threads, None);
+    assert_eq!(
+        Some(settings.worker_threads),
+        std::thread::available_parallelism().ok()
+    );
     assert!(
         settings.notices.iter().any(|notice| notice
             == "GOMAXPROCS=0: expected a whole number of 1 or more; ignored, as Go ignores it"),
         "{:?}",
         settings.notices
+    );
+}
+
+#[test]
+fn rust_log_applies_unless_a_level_is_given_and_a_bad_one_is_a_notice() {
+    let log = |vars: &[(&str, &str)]| resolve(Entry::Tollgate, &config_flag(), vars).unwrap();
+    assert_eq!(log(&[]).log.directives(), "info");
+    assert_eq!(log(&[("RUST_LOG", "")]).log.directives(), "info");
+    let traced = log(&[("RUST_LOG", "tollgate=debug,h2=warn")]);
+    assert_eq!(traced.log.directives(), "tollgate=debug,h2=warn");
+    assert_eq!(
+        log(&[("RUST_LOG", "tollgate=debug"), ("LOG_LEVEL", "warn")])
+            .log
+            .directives(),
+        "warn"
+    );
+    let rejected = log(&[("RUST_LOG", "tollgate=loud")]);
+    assert_eq!(rejected.log.directives(), "info");
+    assert!(
+        rejected
+            .notices
+            .iter()
+            .any(|notice| notice.starts_with("RUST_LOG=tollgate=loud: ")
+                && notice.ends_with("; logging at info instead")),
+        "{:?}",
+        rejected.notices
     );
 }
