@@ -22,6 +22,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ratelimit/config/ratelimit/v3/rls_conf.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
+    if std::env::var_os("CARGO_CFG_TOKIO_UNSTABLE").is_none() {
+        // A RUSTFLAGS variable replaces the flags of .cargo/config.toml.
+        println!(
+            "cargo:warning=built without --cfg tokio_unstable: with a Redis backend the runtime \
+             keeps tokio's default scheduling, which sends one decision per socket write under \
+             load (add the cfg to RUSTFLAGS)"
+        );
+    }
 
     let descriptors = protox::compile(protos, ["proto"])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);

@@ -18,8 +18,9 @@ use tollgate::clock::{Clock, MonotonicClock, SystemClock};
 use tollgate::config::{Config, LoadOptions};
 use tollgate::limiter::Limiter;
 use tollgate::server::mapper::Mapper;
+use tollgate::server::runtime::Wakeups;
 use tollgate::server::{
-    self, Listeners, MetricsOptions, Policies, ServeOptions, ServerTls, reload,
+    self, Listeners, MetricsOptions, Policies, ServeOptions, ServerTls, reload, runtime,
 };
 use tollgate::settings::{self, Entry, Flags, LogFormat, PolicySettings, Settings, Store};
 use tollgate::telemetry;
@@ -189,12 +190,11 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
         Some(files) => Some(ServerTls::load(files.clone()).context("gRPC TLS")?),
         None => None,
     };
-    // Always set, so that tokio never reads TOKIO_WORKER_THREADS itself: it panics on a value
-    // the settings read as unset (an empty one).
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(settings.worker_threads.get())
-        .enable_all()
-        .build()
+    let wakeups = match settings.backend.store {
+        Store::Memory => Wakeups::RunFirst,
+        Store::Redis(_) => Wakeups::Queue,
+    };
+    let runtime = runtime::build(settings.worker_threads, wakeups)
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         // Before anything listens, so a tracing setup that cannot work stops the start.

@@ -715,7 +715,14 @@ fn docker_build_context_has_what_cargo_build_reads() {
             "the context keeps {path}, which does not exist"
         );
     }
-    for needed in ["Cargo.toml", "Cargo.lock", "build.rs", "src", "proto"] {
+    for needed in [
+        "Cargo.toml",
+        "Cargo.lock",
+        ".cargo",
+        "build.rs",
+        "src",
+        "proto",
+    ] {
         assert!(
             kept.iter().any(|path| path == needed),
             "the context lacks {needed}"

@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tollgate::proto::rate_limit_response::{Code, DescriptorStatus};
 use tollgate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use tollgate::proto::{RateLimitRequest, RateLimitResponse};
+use tollgate::server::runtime::{self, Wakeups};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
@@ -63,10 +64,9 @@ pub async fn serve(listener: TcpListener) -> anyhow::Result<()> {
 
 /// `tollgate-bench empty-server`: binds, says where, serves on a runtime like tollgate's.
 pub fn run(args: &EmptyServerArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let workers = std::thread::available_parallelism().context("counting the CPUs")?;
+    // Scheduled as tollgate schedules the memory backend, the one this server is the floor of.
+    let runtime = runtime::build(workers, Wakeups::RunFirst).context("starting the runtime")?;
     runtime.block_on(async {
         let listener = TcpListener::bind(args.listen)
             .await

@@ -9,6 +9,7 @@ pub mod mapper;
 pub mod metrics;
 pub mod reload;
 pub mod rls;
+pub mod runtime;
 pub mod stats;
 pub mod tls;
 pub mod xds;

@@ -19,6 +19,7 @@ use tollgate::backend::{AnyBackend, MemoryBackend, Sharded};
 use tollgate::clock::ManualClock;
 use tollgate::config::{Config, FileSource};
 use tollgate::limiter::{Limiter, Settings};
+use tollgate::server::runtime::{self, Wakeups};
 use tollgate::server::{Listeners, ServeError, ServeOptions, serve};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -152,11 +153,13 @@ impl InProcessBuilder {
     fn start_until(self, service: &str) -> InProcess {
         let (dir, config_dir) = self.policies.write();
         let config = Config::load(&config_dir).unwrap_or_else(|err| panic!("{err}"));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("build a tokio runtime");
+        // The binary's scheduling for the backend, on two workers.
+        let workers = std::num::NonZeroUsize::new(2).expect("two workers");
+        let wakeups = match self.store {
+            Store::Memory => Wakeups::RunFirst,
+            _ => Wakeups::Queue,
+        };
+        let runtime = runtime::build(workers, wakeups).expect("build a tokio runtime");
         let prefix = self
             .key_prefix
             .unwrap_or_else(|| unique_prefix("in-process"));
