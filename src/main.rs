@@ -190,10 +190,7 @@ fn run_serve(settings: Settings, policies: Policies, config: Config) -> anyhow::
         Some(files) => Some(ServerTls::load(files.clone()).context("gRPC TLS")?),
         None => None,
     };
-    let wakeups = match settings.backend.store {
-        Store::Memory => Wakeups::RunFirst,
-        Store::Redis(_) => Wakeups::Queue,
-    };
+    let wakeups = Wakeups::for_store(&settings.backend.store);
     let runtime = runtime::build(settings.worker_threads, wakeups)
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {

@@ -19,6 +19,8 @@ use std::num::NonZeroUsize;
 
 use tokio::runtime::{Builder, Runtime};
 
+use crate::settings::Store;
+
 /// Where a task woken by the running task is scheduled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wakeups {
@@ -26,6 +28,17 @@ pub enum Wakeups {
     RunFirst,
     /// Behind the tasks already queued, so that socket writers batch: the Redis backends'.
     Queue,
+}
+
+impl Wakeups {
+    /// The scheduling for a store: queued for every Redis deployment, where each decision also
+    /// writes to Redis; tokio's default in memory.
+    pub fn for_store(store: &Store) -> Self {
+        match store {
+            Store::Memory => Wakeups::RunFirst,
+            Store::Redis(_) => Wakeups::Queue,
+        }
+    }
 }
 
 /// A multi-threaded runtime of `workers` threads with I/O and timers, scheduling `wakeups` as
@@ -48,6 +61,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+    use crate::settings::{Entry, Flags, Settings};
 
     /// The order in which two tasks, spawned one after the other by a task on the only worker,
     /// first run.
@@ -70,6 +84,18 @@ mod tests {
             })
             .expect("the spawning task");
         order.lock().expect("order").clone()
+    }
+
+    #[test]
+    fn only_a_redis_store_queues_wakeups() {
+        assert_eq!(Wakeups::for_store(&Store::Memory), Wakeups::RunFirst);
+        // The reference's defaults: one Redis server.
+        let redis = Settings::resolve(Entry::Reference, &Flags::default(), &|name| {
+            (name == "REDIS_URL").then(|| "127.0.0.1:6379".to_owned())
+        })
+        .expect("the reference's defaults");
+        assert!(matches!(redis.backend.store, Store::Redis(_)));
+        assert_eq!(Wakeups::for_store(&redis.backend.store), Wakeups::Queue);
     }
 
     /// Queued wakeups run in the order they were queued; run first, the second takes the slot
