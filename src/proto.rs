@@ -5,6 +5,8 @@
 
 #![allow(missing_docs, clippy::all)]
 
+pub mod codec;
+
 /// Envoy's protobuf packages (the subset tollgate vendors).
 pub mod envoy {
     pub mod service {

@@ -9,9 +9,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
+use prost::Message as _;
 use serde_json::{Map, Value, json};
 use tokio::runtime::Runtime;
 use tollgate::proto::RLS_SERVICE_NAME as RLS;
+use tollgate::proto::codec::BUFFER_BYTES;
 use tollgate::proto::rate_limit_descriptor::Entry;
 use tollgate::proto::rate_limit_response::{Code, rate_limit::Unit};
 use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
@@ -491,6 +493,53 @@ descriptors:
     let status = client.grpc(&bad).expect_err("INVALID_ARGUMENT");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
     assert_eq!(reply.body.trim(), status.message());
+}
+
+/// A request and an answer several times larger than the buffer each gRPC call starts with
+/// (`proto::codec::BUFFER_BYTES`) pass whole: decided like the same request sent to `/json`.
+#[test]
+fn grpc_messages_larger_than_the_first_buffer_pass_whole() {
+    let tollgate = InProcess::start(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 6}
+",
+    );
+    let mut client = Client::of_in_process(&tollgate);
+    let values: Vec<String> = (0..40).map(|i| format!("{i:0>500}")).collect();
+    let descriptors: Vec<[(&str, &str); 1]> = values
+        .iter()
+        .map(|value| [("user", value.as_str())])
+        .collect();
+    let descriptors: Vec<&[(&str, &str)]> = descriptors.iter().map(|d| d.as_slice()).collect();
+    let big = request("edge", &descriptors);
+    let sent = request_proto(&big).encoded_len();
+    assert!(sent > 16 * BUFFER_BYTES, "a request of {sent} bytes");
+
+    let response = client.grpc(&big).expect("decided over gRPC");
+    let answered = response.encoded_len();
+    assert!(answered > BUFFER_BYTES, "an answer of {answered} bytes");
+    let remaining: Vec<u32> = response
+        .statuses
+        .iter()
+        .map(|s| s.limit_remaining)
+        .collect();
+    assert_eq!(remaining, vec![5; 40]);
+
+    let (status, answer) = client.json(&big);
+    assert_eq!(status, 200, "{answer}");
+    let remaining: Vec<u64> = answer["statuses"]
+        .as_array()
+        .expect("statuses")
+        .iter()
+        .map(|s| s["limitRemaining"].as_u64().expect("limitRemaining"))
+        .collect();
+    assert_eq!(
+        remaining,
+        vec![4; 40],
+        "the same 40 counters, one hit further"
+    );
 }
 
 #[test]
