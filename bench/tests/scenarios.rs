@@ -513,8 +513,14 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
                 .unwrap_or_else(|| panic!("no grpc-floor run of {server}, open loop {open}"));
             assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
             assert!(number(run, &["cpu_seconds"]) >= 0.0, "{run}");
+            // Sending the calls costs the generator CPU, which it counts.
+            assert!(number(run, &["generator_cpu_seconds"]) > 0.0, "{run}");
         }
     }
+    assert!(
+        doc.contains("| p99.9 ms | server cores | generator cores |"),
+        "{doc}"
+    );
     assert_eq!(
         table_after(&doc, "### tollgate against an empty RLS server").len(),
         2

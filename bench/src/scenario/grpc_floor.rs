@@ -92,6 +92,18 @@ pub struct FloorRun {
     pub load: Summary,
     /// CPU seconds the server process used during the run.
     pub cpu_seconds: f64,
+    /// CPU seconds the load generator (this process) used during the run.
+    #[serde(default)]
+    pub generator_cpu_seconds: f64,
+}
+
+impl FloorRun {
+    /// How many cores the server and the generator kept busy on average, in that order.
+    fn cores(&self) -> (Option<f64>, Option<f64>) {
+        let elapsed = self.load.elapsed_seconds;
+        let busy = |seconds: f64| (elapsed > 0.0).then(|| seconds / elapsed);
+        (busy(self.cpu_seconds), busy(self.generator_cpu_seconds))
+    }
 }
 
 /// The empty server as a child process, killed when dropped.
@@ -165,12 +177,13 @@ impl Scenario for GrpcFloor {
             let order = rotation(run, servers.len());
             let mut measure = |index: usize, target_rate: Option<f64>| -> anyhow::Result<f64> {
                 let server = servers[index];
-                let before = cpu(server)?;
+                let before = (cpu(server)?, crate::proc::own_cpu_seconds()?);
                 let load = tools.loader.drive(
                     &connections[index],
                     &phase(target_rate, tools.scale.duration),
                 )?;
-                let cpu_seconds = cpu(server)? - before;
+                let cpu_seconds = cpu(server)? - before.0;
+                let generator_cpu_seconds = crate::proc::own_cpu_seconds()? - before.1;
                 if load.decisions == 0 {
                     bail!(
                         "the {} decided nothing: {:?}\n{}",
@@ -196,6 +209,7 @@ impl Scenario for GrpcFloor {
                         target_rate,
                         load,
                         cpu_seconds,
+                        generator_cpu_seconds,
                     },
                 )?;
                 Ok(rate)
@@ -236,9 +250,12 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          uniformly, {} calls in flight. The empty server is the same gRPC service on the same \
          transport answering OK without deciding, in a process of its own; each run measures \
          both closed loop, alternating which goes first, then both open loop at half of \
-         tollgate's peak in that run. CPU: the server process's, per decision.\n",
+         tollgate's peak in that run. CPU: the server process's, per decision; in open loop, \
+         the cores the server and the load generator kept busy on average, of the machine's \
+         {}.\n",
         measured(&conditions),
         first.concurrency,
+        conditions.machine.cpus,
     );
     let mut table = Table::new(&[
         ("server", Align::Left),
@@ -287,6 +304,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ("p90 ms", Align::Right),
         ("p99 ms", Align::Right),
         ("p99.9 ms", Align::Right),
+        ("server cores", Align::Right),
+        ("generator cores", Align::Right),
     ]);
     for server in [Server::Tollgate, Server::Empty] {
         let runs: Vec<&FloorRun> = runs
@@ -301,6 +320,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             ms(median(runs.iter().map(|r| r.load.latency_us.p90))),
             ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
             ms(median(runs.iter().map(|r| r.load.latency_us.p99_9))),
+            fixed(median(runs.iter().filter_map(|r| r.cores().0)), 2),
+            fixed(median(runs.iter().filter_map(|r| r.cores().1)), 2),
         ]);
     }
     out.push_str(&table.render());
