@@ -12,7 +12,8 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 /// The buffer each call starts with to decode its request and to encode its answer. tonic's
 /// default is 8 KiB each way per call, two allocations too large for the allocator's per-thread
 /// caches on every decision, where a request or an answer is a few hundred bytes. A larger
-/// message (an xDS push) grows the buffer to its length, read from its frame header, at once.
+/// message (an xDS push) grows the buffer at once to the length its gRPC prefix announces (no
+/// compression is built in, which would grow it in steps of this size instead).
 pub const BUFFER_BYTES: usize = 512;
 
 /// Work encoded before a streaming call yields to the runtime: tonic's default.
