@@ -34,9 +34,16 @@ impl Wakeups {
     /// The scheduling for a store: queued for every Redis deployment, where each decision also
     /// writes to Redis; tokio's default in memory.
     pub fn for_store(store: &Store) -> Self {
-        match store {
-            Store::Memory => Wakeups::RunFirst,
-            Store::Redis(_) => Wakeups::Queue,
+        Wakeups::for_backend(matches!(store, Store::Redis(_)))
+    }
+
+    /// The scheduling for a backend whose decisions do (`calls_redis`) or do not go to Redis:
+    /// what [`Wakeups::for_store`] decides, for callers that build a backend without settings.
+    pub fn for_backend(calls_redis: bool) -> Self {
+        if calls_redis {
+            Wakeups::Queue
+        } else {
+            Wakeups::RunFirst
         }
     }
 }

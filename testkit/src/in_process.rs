@@ -155,10 +155,7 @@ impl InProcessBuilder {
         let config = Config::load(&config_dir).unwrap_or_else(|err| panic!("{err}"));
         // The binary's scheduling for the backend, on two workers.
         let workers = std::num::NonZeroUsize::new(2).expect("two workers");
-        let wakeups = match self.store {
-            Store::Memory => Wakeups::RunFirst,
-            _ => Wakeups::Queue,
-        };
+        let wakeups = Wakeups::for_backend(self.store != Store::Memory);
         let runtime = runtime::build(workers, wakeups).expect("build a tokio runtime");
         let prefix = self
             .key_prefix
