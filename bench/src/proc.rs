@@ -9,9 +9,19 @@ pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     parse_stat_cpu(&stat).with_context(|| format!("parsing {path}"))
 }
 
-/// User + system CPU seconds this process has used so far.
+/// User + system CPU seconds this process has used so far (all its threads, living or not).
+///
+/// From getrusage(2), to the microsecond: `/proc/self/stat` counts whole clock ticks, too
+/// coarse for the generator's share of a short run.
 pub fn own_cpu_seconds() -> anyhow::Result<f64> {
-    cpu_seconds(std::process::id())
+    // SAFETY: an all-zero rusage is a valid value for getrusage(2) to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage(2) writes only into `usage`, which lives across the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("getrusage(RUSAGE_SELF)");
+    }
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    Ok(seconds(usage.ru_utime) + seconds(usage.ru_stime))
 }
 
 /// The resident set size of process `pid` (`VmRSS`), in bytes.
@@ -197,7 +207,25 @@ mod tests {
         let stat = "4242 (tokio (x) y) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0 20 0";
         let seconds = parse_stat_cpu(stat).unwrap();
         assert!((seconds - 400.0 / clock_ticks_per_second()).abs() < 1e-9);
-        assert!(own_cpu_seconds().unwrap() >= 0.0);
         assert!(rss_bytes(std::process::id()).unwrap() > 0);
+    }
+
+    #[test]
+    fn own_cpu_time_counts_less_than_a_clock_tick() {
+        let before = own_cpu_seconds().unwrap();
+        // Two milliseconds of work: under one clock tick, which /proc/self/stat could miss.
+        let start = std::time::Instant::now();
+        let mut spins = 0_u64;
+        while start.elapsed() < std::time::Duration::from_millis(2) {
+            spins = std::hint::black_box(spins + 1);
+        }
+        let after = own_cpu_seconds().unwrap();
+        assert!(after > before, "{before} -> {after} after {spins} spins");
+        // The ticks /proc counts are never ahead of the precise reading by more than a tick.
+        let ticks = cpu_seconds(std::process::id()).unwrap();
+        assert!(
+            ticks <= after + 1.0 / clock_ticks_per_second(),
+            "{ticks} vs {after}"
+        );
     }
 }

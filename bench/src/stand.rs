@@ -171,14 +171,30 @@ impl<'a> Nodes<'a> {
     pub fn cpu_seconds(&self) -> anyhow::Result<BTreeMap<u16, f64>> {
         self.all
             .iter()
-            .map(|node| {
-                let pid = node
-                    .pid()
-                    .ok_or_else(|| anyhow!("redis-server :{} is not running", node.port()))?;
-                Ok((node.port(), crate::proc::cpu_seconds(pid)?))
-            })
+            .map(|node| Ok((node.port(), cpu_seconds(node)?)))
             .collect()
     }
+}
+
+/// User + system CPU seconds `server` has used so far, from its `INFO cpu`.
+///
+/// Redis reads these from getrusage(2), to the microsecond. `/proc/<pid>/stat` counts in clock
+/// ticks (10 ms here) and truncates user and system time apart, so a short run of a few
+/// thousand script calls could read as no CPU at all.
+pub fn cpu_seconds(server: &RedisServer) -> anyhow::Result<f64> {
+    parse_cpu_seconds(&server.cli(&["INFO", "cpu"]))
+        .with_context(|| format!("INFO cpu of redis-server :{}", server.port()))
+}
+
+fn parse_cpu_seconds(info: &str) -> anyhow::Result<f64> {
+    let field = |name: &str| -> anyhow::Result<f64> {
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+            .ok_or_else(|| anyhow!("no {name}"))?
+            .parse()
+            .with_context(|| format!("{name} is not a number"))
+    };
+    Ok(field("used_cpu_user")? + field("used_cpu_sys")?)
 }
 
 /// Calls and CPU time of one command, from `INFO commandstats`.
@@ -422,6 +438,20 @@ impl Drop for CpuSplit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_time_is_user_plus_system_of_the_whole_process() {
+        let info = "# CPU\r\n\
+            used_cpu_sys:1.250000\r\n\
+            used_cpu_user:0.004512\r\n\
+            used_cpu_sys_children:7.000000\r\n\
+            used_cpu_user_children:7.000000\r\n\
+            used_cpu_sys_main_thread:1.000000\r\n\
+            used_cpu_user_main_thread:0.004000\r\n";
+        assert!((parse_cpu_seconds(info).unwrap() - 1.254512).abs() < 1e-9);
+        let error = parse_cpu_seconds("# CPU\r\nused_cpu_sys:1.0\r\n").unwrap_err();
+        assert_eq!(error.to_string(), "no used_cpu_user");
+    }
 
     #[test]
     fn command_stats_are_read_by_name() {

@@ -255,7 +255,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          master that owns its shard), closed loop with {} calls in flight over {} HTTP/2 \
          connections, against the Redis Cluster of three masters and three replicas. Runs \
          alternate between the shard counts. Script calls per master come from `INFO \
-         commandstats` (`evalsha` and `eval`), reset before each run; CPU from `/proc`.\n",
+         commandstats` (`evalsha` and `eval`), reset before each run; CPU from `INFO cpu`.\n",
         measured(&conditions),
         first.algorithm.name(),
         first.concurrency,

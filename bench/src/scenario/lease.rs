@@ -426,8 +426,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          evenly over the instances. Unleased, each decision is one script call; leased \
          (`lease: true`), an instance answers from the slice it reserved. The memory backend's \
          instances share nothing: they are the ceiling, the same processes with no store. Script \
-         calls from `INFO commandstats` on every master, reset before each run; CPU from \
-         `/proc`.\n",
+         calls from `INFO commandstats` on every master, reset before each run; tollgate's CPU \
+         from `/proc`, Redis's from `INFO cpu`.\n",
         measured(&conditions),
         first.instances,
         count(Some(first.limit as f64)),

@@ -10,7 +10,7 @@
 //! log and its sum always belong together, which redis-benchmark's independent `__rand_int__`s
 //! would not give). Two measures per run: Redis's own accounting of the script (`INFO
 //! commandstats`, the time inside `evalsha` or `fcall`), and the redis-server process's CPU from
-//! `/proc`, which adds what a call costs around the script: reading, parsing, dispatching and
+//! its `INFO cpu`, which adds what a call costs around the script: reading, parsing, dispatching and
 //! answering it.
 
 use std::fmt::Write as _;
@@ -264,7 +264,7 @@ pub fn render(runs: &[InvocationRun], out: &mut String) {
          deciding one limit a call (what tollgate sends), `FCALL` of a Redis function holding the \
          same code, one limit a call, and `EVALSHA` deciding two limits of one request (keys in \
          one slot) in one call. *In the script*: Redis's own accounting (`INFO commandstats`); \
-         *process*: redis-server's CPU from `/proc`, which adds reading, parsing and answering \
+         *process*: redis-server's CPU from its `INFO cpu`, which adds reading, parsing and answering \
          the calls.\n"
     );
     let mut table = Table::new(&[

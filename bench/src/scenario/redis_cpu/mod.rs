@@ -32,12 +32,11 @@ use self::invocation::InvocationRun;
 use crate::ceiling::redis_benchmark_bin;
 use crate::doc::{Align, Table, count, fixed, measured, median, percent};
 use crate::load::summary::Summary;
-use crate::proc::cpu_seconds;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
     micros_per, policy, records_of, runs_of, say, uniform_shape,
 };
-use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats};
+use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats, cpu_seconds};
 
 /// The minimal script of the floor: count one unit in a window's field and keep a TTL.
 const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
@@ -223,7 +222,7 @@ pub struct RedisCpuRun {
     pub script_calls: u64,
     /// Microseconds of Redis CPU in those calls.
     pub script_usec: u64,
-    /// CPU seconds of every Redis process over the run, from `/proc`: the scripts and the work
+    /// CPU seconds of every Redis process over the run, from their `INFO cpu`: the scripts and the work
     /// around each command (reading, parsing, answering).
     pub redis_cpu_seconds: f64,
 }
@@ -300,9 +299,8 @@ pub fn benchmark(
     command: &[&str],
 ) -> anyhow::Result<Benchmarked> {
     let server = nodes.masters().first().context("no Redis server")?;
-    let pid = server.pid().context("the Redis server is not running")?;
     server.reset_stats();
-    let cpu_before = cpu_seconds(pid)?;
+    let cpu_before = cpu_seconds(server)?;
     let clock = Instant::now();
     let output = Command::new(redis_benchmark_bin()?)
         .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
@@ -312,7 +310,7 @@ pub fn benchmark(
         .output()
         .context("cannot run redis-benchmark")?;
     let elapsed_seconds = clock.elapsed().as_secs_f64();
-    let redis_cpu_seconds = cpu_seconds(pid)? - cpu_before;
+    let redis_cpu_seconds = cpu_seconds(server)? - cpu_before;
     if !output.status.success() {
         bail!(
             "redis-benchmark {command:?} failed ({}): {}{}",
@@ -478,7 +476,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         out,
         "{} Redis CPU from `INFO commandstats`, reset before each run: the microseconds spent in \
          `evalsha` and `eval` (a script's own commands included) over every master, per script \
-         call and per decision; *Redis process*: the CPU of every Redis process from `/proc`, which \
+         call and per decision; *Redis process*: the CPU of every Redis process from its `INFO cpu`, which \
          adds the work around each command (reading, parsing, answering), per limit decided (one \
          per descriptor). *Admitted*: 10,000 keys per descriptor under a limit no load reaches, \
          one descriptor a request or several (each a limit of its own: on one server a \
