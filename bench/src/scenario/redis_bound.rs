@@ -287,8 +287,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          in flight: redis-benchmark with one connection per call, tollgate with its \
          one multiplexed connection and one descriptor a request; each run measures every row \
          one after the other, rotating which goes first. A tollgate call is one decision. Redis \
-         CPU: redis-server's process time (from its `INFO cpu`) over the script calls it served (from \
-         `INFO commandstats`).\n",
+         CPU: redis-server's process time (from its `INFO cpu`) over the script calls it served \
+         (from `INFO commandstats`).\n",
         measured(&conditions),
         percent(Some(first.redis_share)),
         count(Some(first.keys as f64)),

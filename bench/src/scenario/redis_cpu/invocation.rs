@@ -10,8 +10,8 @@
 //! log and its sum always belong together, which redis-benchmark's independent `__rand_int__`s
 //! would not give). Two measures per run: Redis's own accounting of the script (`INFO
 //! commandstats`, the time inside `evalsha` or `fcall`), and the redis-server process's CPU from
-//! its `INFO cpu`, which adds what a call costs around the script: reading, parsing, dispatching and
-//! answering it.
+//! its `INFO cpu`, which adds what a call costs around the script: reading, parsing, dispatching
+//! and answering it.
 
 use std::fmt::Write as _;
 
@@ -264,8 +264,8 @@ pub fn render(runs: &[InvocationRun], out: &mut String) {
          deciding one limit a call (what tollgate sends), `FCALL` of a Redis function holding the \
          same code, one limit a call, and `EVALSHA` deciding two limits of one request (keys in \
          one slot) in one call. *In the script*: Redis's own accounting (`INFO commandstats`); \
-         *process*: redis-server's CPU from its `INFO cpu`, which adds reading, parsing and answering \
-         the calls.\n"
+         *process*: redis-server's CPU from its `INFO cpu`, which adds reading, parsing and \
+         answering the calls.\n"
     );
     let mut table = Table::new(&[
         ("algorithm", Align::Left),

@@ -222,8 +222,8 @@ pub struct RedisCpuRun {
     pub script_calls: u64,
     /// Microseconds of Redis CPU in those calls.
     pub script_usec: u64,
-    /// CPU seconds of every Redis process over the run, from their `INFO cpu`: the scripts and the work
-    /// around each command (reading, parsing, answering).
+    /// CPU seconds of every Redis process over the run, from their `INFO cpu`: the scripts and
+    /// the work around each command (reading, parsing, answering).
     pub redis_cpu_seconds: f64,
 }
 
@@ -476,8 +476,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         out,
         "{} Redis CPU from `INFO commandstats`, reset before each run: the microseconds spent in \
          `evalsha` and `eval` (a script's own commands included) over every master, per script \
-         call and per decision; *Redis process*: the CPU of every Redis process from its `INFO cpu`, which \
-         adds the work around each command (reading, parsing, answering), per limit decided (one \
+         call and per decision; *Redis process*: the CPU of every Redis process from its `INFO \
+         cpu`, which adds the work around each command (reading, parsing, answering), per limit decided (one \
          per descriptor). *Admitted*: 10,000 keys per descriptor under a limit no load reaches, \
          one descriptor a request or several (each a limit of its own: on one server a \
          request's limits go in one call, on a cluster one call each); *refused*: one \
