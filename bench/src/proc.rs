@@ -50,6 +50,53 @@ pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// While alive, processes moved to some of the CPUs keep them; dropping it gives every one of
+/// them every CPU back.
+#[derive(Debug)]
+pub struct Pinned {
+    cpus: usize,
+    pids: Vec<u32>,
+}
+
+impl Pinned {
+    /// A guard over `pids` (0: this process) on a machine of `cpus` CPUs. Made before the first
+    /// pin, so that a failure part way still undoes every pin made.
+    pub fn new(cpus: usize, pids: impl IntoIterator<Item = u32>) -> Pinned {
+        Pinned {
+            cpus,
+            pids: pids.into_iter().collect(),
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            // A server that has exited since needs nothing back.
+            if let Err(error) = pin(pid, 0..self.cpus)
+                && pid == 0
+            {
+                eprintln!("tollgate-bench: giving the generator every CPU back: {error:#}");
+            }
+        }
+    }
+}
+
+/// Gives the load generator (this process) CPUs of its own: `servers` run on CPU 0, the
+/// generator on the others, until the guard is dropped. `None` on a machine with one CPU.
+pub fn generator_apart(servers: &[u32]) -> anyhow::Result<Option<Pinned>> {
+    let cpus = online_cpus();
+    if cpus < 2 {
+        return Ok(None);
+    }
+    let pinned = Pinned::new(cpus, servers.iter().copied().chain([0]));
+    for &server in servers {
+        pin(server, 0..1)?;
+    }
+    pin(0, 1..cpus)?;
+    Ok(Some(pinned))
+}
+
 /// Restricts every thread of process `pid` (0: this process) to `cpus`; threads it starts later
 /// inherit the set from the thread that starts them.
 pub fn pin(pid: u32, cpus: std::ops::Range<usize>) -> anyhow::Result<()> {
@@ -188,6 +235,11 @@ impl OwnedChild {
     /// User + system CPU seconds the process has used so far.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
         cpu_seconds(self.child.id())
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
     }
 }
 

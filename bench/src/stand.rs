@@ -313,7 +313,7 @@ impl<'a> Stand<'a> {
     }
 
     /// The tollgate process's id, or what it logged when it is no longer running.
-    fn tollgate_pid(&self) -> anyhow::Result<u32> {
+    pub fn tollgate_pid(&self) -> anyhow::Result<u32> {
         match self.tollgate.pid() {
             Some(pid) => Ok(pid),
             None => bail!("tollgate is not running:\n{}", self.tollgate.log()),
@@ -363,7 +363,7 @@ impl<'a> Stand<'a> {
     /// until the guard is dropped. `None` on a machine with one CPU. A Redis held to a share of a
     /// CPU then gets that share whenever it may run, instead of waiting for a core while its
     /// clients work through the replies it just sent.
-    pub fn isolate_redis(&self) -> anyhow::Result<Option<RedisApart>> {
+    pub fn isolate_redis(&self) -> anyhow::Result<Option<crate::proc::Pinned>> {
         let cpus = crate::proc::online_cpus();
         if cpus < 2 {
             return Ok(None);
@@ -376,10 +376,7 @@ impl<'a> Stand<'a> {
             .filter_map(|node| node.pid())
             .collect();
         // The guard exists before the first pin, so a failure part way still undoes them all.
-        let apart = RedisApart {
-            cpus,
-            pids: redis.iter().copied().chain([tollgate, 0]).collect(),
-        };
+        let apart = crate::proc::Pinned::new(cpus, redis.iter().copied().chain([tollgate, 0]));
         for &pid in &redis {
             crate::proc::pin(pid, cpus - 1..cpus)?;
         }
@@ -404,27 +401,6 @@ impl Nodes<'_> {
 #[derive(Debug)]
 pub struct CpuSplit {
     cpus: usize,
-}
-
-/// While alive, Redis runs on a CPU of its own ([`Stand::isolate_redis`]); dropping it gives
-/// every process it moved every CPU back.
-#[derive(Debug)]
-pub struct RedisApart {
-    cpus: usize,
-    pids: Vec<u32>,
-}
-
-impl Drop for RedisApart {
-    fn drop(&mut self) {
-        for &pid in &self.pids {
-            // A server that has exited since needs nothing back.
-            if let Err(error) = crate::proc::pin(pid, 0..self.cpus)
-                && pid == 0
-            {
-                eprintln!("tollgate-bench: giving the generator every CPU back: {error:#}");
-            }
-        }
-    }
 }
 
 impl Drop for CpuSplit {

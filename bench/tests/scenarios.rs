@@ -501,24 +501,43 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     assert_eq!(table_after(&doc, "#### Twice the limit").len(), 8);
 
     // grpc-floor: tollgate and the empty server both answered, closed loop and at half of
-    // tollgate's peak; the ratio is written.
+    // tollgate's peak, sharing the cores with the generator and (given a second CPU) apart from
+    // it; the ratio and both open-loop tables are written.
     let floor = records(&results, "grpc-floor");
+    let floor_cpus = floor
+        .iter()
+        .find(|r| r["kind"] == "conditions")
+        .and_then(|r| r["machine"]["cpus"].as_u64())
+        .unwrap();
+    let apart_too = floor_cpus > 1;
     let floor_runs = of_kind(&floor, "run");
-    assert_eq!(floor_runs.len(), 4, "{floor_runs:?}");
-    for server in ["tollgate", "empty"] {
-        for open in [false, true] {
-            let run = floor_runs
-                .iter()
-                .find(|r| r["server"] == server && r["target_rate"].is_null() != open)
-                .unwrap_or_else(|| panic!("no grpc-floor run of {server}, open loop {open}"));
-            assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
-            assert!(number(run, &["cpu_seconds"]) >= 0.0, "{run}");
-            // Sending the calls costs the generator CPU, which it counts.
-            assert!(number(run, &["generator_cpu_seconds"]) > 0.0, "{run}");
+    assert_eq!(
+        floor_runs.len(),
+        if apart_too { 8 } else { 4 },
+        "{floor_runs:?}"
+    );
+    for apart in [false, apart_too] {
+        for server in ["tollgate", "empty"] {
+            for open in [false, true] {
+                let run = floor_runs
+                    .iter()
+                    .find(|r| {
+                        r["server"] == server
+                            && r["target_rate"].is_null() != open
+                            && r["apart"] == apart
+                    })
+                    .unwrap_or_else(|| {
+                        panic!("no grpc-floor run of {server}, open loop {open}, apart {apart}")
+                    });
+                assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
+                assert!(number(run, &["cpu_seconds"]) >= 0.0, "{run}");
+                // Sending the calls costs the generator CPU, which it counts.
+                assert!(number(run, &["generator_cpu_seconds"]) > 0.0, "{run}");
+            }
         }
     }
     assert!(
-        doc.contains("| p99.9 ms | server cores | generator cores |"),
+        doc.contains("| server, open loop | target/s | achieved/s | p50 ms | p90 ms | p99 ms | p99.9 ms | server cores | generator cores |"),
         "{doc}"
     );
     assert_eq!(
@@ -529,6 +548,16 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         doc.contains("tollgate ÷ empty server, the median of the runs' ratios: "),
         "{doc}"
     );
+    if apart_too {
+        assert_eq!(
+            table_after(&doc, "\nApart: the same servers on CPU 0").len(),
+            2
+        );
+        assert!(
+            doc.contains("| server, open loop, apart | target/s |"),
+            "{doc}"
+        );
+    }
 
     // The report is a function of the results alone.
     let again = dir.path().join("again.md");

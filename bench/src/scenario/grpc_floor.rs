@@ -5,9 +5,11 @@
 //! OK without deciding; it runs as a process of its own, as tollgate does. Each run measures both
 //! closed loop, one after the other, alternating which goes first so the machine's other work
 //! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
-//! latency a server has when it is not saturated. Reported: decisions per second of each, their
-//! ratio (the median of the runs' ratios), CPU per decision of each process, and the latency at
-//! half the peak.
+//! latency a server has when it is not saturated. Then the same again with the servers on one
+//! CPU and the load generator on the others, so that a server's latency is not the time it
+//! waits for a core the generator holds. Reported: decisions per second of each, their ratio
+//! (the median of the runs' ratios), CPU per decision of each process, and the latency at half
+//! the peak, sharing the cores and apart.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
@@ -95,6 +97,10 @@ pub struct FloorRun {
     /// CPU seconds the load generator (this process) used during the run.
     #[serde(default)]
     pub generator_cpu_seconds: f64,
+    /// Whether the servers ran on one CPU and the generator on the others; otherwise all share
+    /// every CPU.
+    #[serde(default)]
+    pub apart: bool,
 }
 
 impl FloorRun {
@@ -175,54 +181,68 @@ impl Scenario for GrpcFloor {
         let servers = [Server::Tollgate, Server::Empty];
         for run in 1..=tools.scale.runs {
             let order = rotation(run, servers.len());
-            let mut measure = |index: usize, target_rate: Option<f64>| -> anyhow::Result<f64> {
-                let server = servers[index];
-                let before = (cpu(server)?, crate::proc::own_cpu_seconds()?);
-                let load = tools.loader.drive(
-                    &connections[index],
-                    &phase(target_rate, tools.scale.duration),
-                )?;
-                let cpu_seconds = cpu(server)? - before.0;
-                let generator_cpu_seconds = crate::proc::own_cpu_seconds()? - before.1;
-                if load.decisions == 0 {
-                    bail!(
-                        "the {} decided nothing: {:?}\n{}",
+            let mut measure =
+                |index: usize, target_rate: Option<f64>, apart: bool| -> anyhow::Result<f64> {
+                    let server = servers[index];
+                    let before = (cpu(server)?, crate::proc::own_cpu_seconds()?);
+                    let load = tools.loader.drive(
+                        &connections[index],
+                        &phase(target_rate, tools.scale.duration),
+                    )?;
+                    let cpu_seconds = cpu(server)? - before.0;
+                    let generator_cpu_seconds = crate::proc::own_cpu_seconds()? - before.1;
+                    if load.decisions == 0 {
+                        bail!(
+                            "the {} decided nothing: {:?}\n{}",
+                            server.label(),
+                            load.errors_by_code,
+                            tollgate.tollgate.log()
+                        );
+                    }
+                    let rate = load.decisions_per_second;
+                    say(&format!(
+                        "  grpc-floor run {run} {}{}{}: {}/s, p99 {} ms",
                         server.label(),
-                        load.errors_by_code,
-                        tollgate.tollgate.log()
-                    );
-                }
-                let rate = load.decisions_per_second;
-                say(&format!(
-                    "  grpc-floor run {run} {}{}: {}/s, p99 {} ms",
-                    server.label(),
-                    target_rate.map_or(String::new(), |r| format!(" at {}/s", count(Some(r)))),
-                    count(Some(rate)),
-                    ms(Some(load.latency_us.p99)),
-                ));
-                tools.records.record(
-                    "run",
-                    &FloorRun {
-                        server,
-                        run,
-                        concurrency: options.concurrency,
-                        target_rate,
-                        load,
-                        cpu_seconds,
-                        generator_cpu_seconds,
+                        if apart { ", generator apart" } else { "" },
+                        target_rate.map_or(String::new(), |r| format!(" at {}/s", count(Some(r)))),
+                        count(Some(rate)),
+                        ms(Some(load.latency_us.p99)),
+                    ));
+                    tools.records.record(
+                        "run",
+                        &FloorRun {
+                            server,
+                            run,
+                            concurrency: options.concurrency,
+                            target_rate,
+                            load,
+                            cpu_seconds,
+                            generator_cpu_seconds,
+                            apart,
+                        },
+                    )?;
+                    Ok(rate)
+                };
+            let pids = [tollgate.tollgate_pid()?, empty.process.id()];
+            for apart in [false, true] {
+                let _pinned = match apart {
+                    false => None,
+                    // A machine with one CPU has nothing to set apart.
+                    true => match crate::proc::generator_apart(&pids)? {
+                        Some(pinned) => Some(pinned),
+                        None => break,
                     },
-                )?;
-                Ok(rate)
-            };
-            let mut tollgate_peak = 0.0;
-            for index in order.clone() {
-                let rate = measure(index, None)?;
-                if index == 0 {
-                    tollgate_peak = rate;
+                };
+                let mut tollgate_peak = 0.0;
+                for index in order.clone() {
+                    let rate = measure(index, None, apart)?;
+                    if index == 0 {
+                        tollgate_peak = rate;
+                    }
                 }
-            }
-            for index in order {
-                measure(index, Some(tollgate_peak / 2.0))?;
+                for index in order.clone() {
+                    measure(index, Some(tollgate_peak / 2.0), apart)?;
+                }
             }
         }
         Ok(())
@@ -238,11 +258,6 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
     let runs: Vec<FloorRun> = runs_of(records, "grpc-floor")?;
     let first = &runs[0];
-    let peaks = |server: Server| -> Vec<&FloorRun> {
-        runs.iter()
-            .filter(|r| r.server == server && r.target_rate.is_none())
-            .collect()
-    };
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -257,8 +272,45 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         first.concurrency,
         conditions.machine.cpus,
     );
+    out.push_str(&peak_table(&runs, false));
+    let closed = |server: Server| {
+        move |r: &FloorRun| r.server == server && r.target_rate.is_none() && !r.apart
+    };
+    let ratios = run_ratios(
+        &runs,
+        |r| r.run,
+        closed(Server::Tollgate),
+        closed(Server::Empty),
+        |r| r.load.decisions_per_second,
+    );
+    let _ = writeln!(
+        out,
+        "\ntollgate ÷ empty server, the median of the runs' ratios: {}.\n",
+        times_by_run(&ratios),
+    );
+    out.push_str(&open_loop_table(&runs, false));
+    if runs.iter().any(|r| r.apart) {
+        let _ = writeln!(
+            out,
+            "\nApart: the same servers on CPU 0 and the load generator on {}, closed loop again \
+             for each server's peak on one CPU, then open loop at half of tollgate's peak apart, \
+             so a call waits for the server alone and not for a core the generator holds.\n",
+            match conditions.machine.cpus {
+                0..=2 => "CPU 1".to_owned(),
+                cpus => format!("CPUs 1–{}", cpus - 1),
+            },
+        );
+        out.push_str(&peak_table(&runs, true));
+        out.push('\n');
+        out.push_str(&open_loop_table(&runs, true));
+    }
+    Ok(out)
+}
+
+/// The closed-loop peaks of both servers, sharing the cores with the generator or apart from it.
+fn peak_table(runs: &[FloorRun], apart: bool) -> String {
     let mut table = Table::new(&[
-        ("server", Align::Left),
+        (if apart { "server, apart" } else { "server" }, Align::Left),
         ("decisions/s", Align::Right),
         ("min–max", Align::Right),
         ("p50 ms", Align::Right),
@@ -266,7 +318,10 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ("CPU µs/decision", Align::Right),
     ]);
     for server in [Server::Tollgate, Server::Empty] {
-        let runs = peaks(server);
+        let runs: Vec<&FloorRun> = runs
+            .iter()
+            .filter(|r| r.server == server && r.target_rate.is_none() && r.apart == apart)
+            .collect();
         table.row(vec![
             server.label().to_owned(),
             count(median(runs.iter().map(|r| r.load.decisions_per_second))),
@@ -282,22 +337,20 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             ),
         ]);
     }
-    out.push_str(&table.render());
-    let closed = |server: Server| move |r: &FloorRun| r.server == server && r.target_rate.is_none();
-    let ratios = run_ratios(
-        &runs,
-        |r| r.run,
-        closed(Server::Tollgate),
-        closed(Server::Empty),
-        |r| r.load.decisions_per_second,
-    );
-    let _ = writeln!(
-        out,
-        "\ntollgate ÷ empty server, the median of the runs' ratios: {}.\n",
-        times_by_run(&ratios),
-    );
+    table.render()
+}
+
+/// The open-loop rows of both servers, sharing the cores with the generator or apart from it.
+fn open_loop_table(runs: &[FloorRun], apart: bool) -> String {
     let mut table = Table::new(&[
-        ("server, open loop", Align::Left),
+        (
+            if apart {
+                "server, open loop, apart"
+            } else {
+                "server, open loop"
+            },
+            Align::Left,
+        ),
         ("target/s", Align::Right),
         ("achieved/s", Align::Right),
         ("p50 ms", Align::Right),
@@ -310,7 +363,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     for server in [Server::Tollgate, Server::Empty] {
         let runs: Vec<&FloorRun> = runs
             .iter()
-            .filter(|r| r.server == server && r.target_rate.is_some())
+            .filter(|r| r.server == server && r.target_rate.is_some() && r.apart == apart)
             .collect();
         table.row(vec![
             server.label().to_owned(),
@@ -324,6 +377,5 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             fixed(median(runs.iter().filter_map(|r| r.cores().1)), 2),
         ]);
     }
-    out.push_str(&table.render());
-    Ok(out)
+    table.render()
 }
