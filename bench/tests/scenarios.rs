@@ -550,7 +550,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     );
     if apart_too {
         assert_eq!(
-            table_after(&doc, "\nApart: the same servers on CPU 0").len(),
+            table_after(&doc, "\nApart: a second tollgate and empty server").len(),
             2
         );
         assert!(

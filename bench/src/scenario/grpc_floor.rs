@@ -5,9 +5,9 @@
 //! OK without deciding; it runs as a process of its own, as tollgate does. Each run measures both
 //! closed loop, one after the other, alternating which goes first so the machine's other work
 //! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
-//! latency a server has when it is not saturated. Then the same again with the servers on one
-//! CPU and the load generator on the others, so that a server's latency is not the time it
-//! waits for a core the generator holds. Reported: decisions per second of each, their ratio
+//! latency a server has when it is not saturated. Then the same again with a second pair of
+//! servers started on one CPU and a generator of their own on the others, so that a server's
+//! latency is not the time it waits for a core the generator holds. Reported: decisions per second of each, their ratio
 //! (the median of the runs' ratios), CPU per decision of each process, and the latency at half
 //! the peak, sharing the cores and apart.
 
@@ -27,10 +27,10 @@ use crate::doc::{
 use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
-    policy, rotation, run_ratios, runs_of, say, uniform_shape,
+    Algorithm, Bench, Connections, Loader, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
+    conditions_of, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
 };
-use crate::stand::{Backend, Stand};
+use crate::stand::{Backend, Servers, Stand};
 
 /// The options of `grpc-floor`.
 #[derive(Debug, Clone, clap::Args)]
@@ -144,6 +144,86 @@ impl EmptyProcess {
     }
 }
 
+/// tollgate and the empty server side by side, with the generator's connections to each.
+struct Pair<'a> {
+    tollgate: Stand<'a>,
+    empty: EmptyProcess,
+    /// To tollgate, then to the empty server, as [`Server`] orders them.
+    connections: [Connections; 2],
+}
+
+impl<'a> Pair<'a> {
+    fn start(
+        servers: &'a Servers,
+        policy: &str,
+        loader: &Loader,
+        connections: u32,
+    ) -> anyhow::Result<Pair<'a>> {
+        let tollgate = Stand::start(servers, Backend::Memory, policy, "deny")?;
+        let empty = EmptyProcess::start()?;
+        let connections = [
+            loader.connect(&[tollgate.grpc_addr()], connections)?,
+            loader.connect(&[empty.addr], connections)?,
+        ];
+        Ok(Pair {
+            tollgate,
+            empty,
+            connections,
+        })
+    }
+
+    fn cpu_seconds(&self, server: Server) -> anyhow::Result<f64> {
+        match server {
+            Server::Tollgate => self.tollgate.tollgate_cpu_seconds(),
+            Server::Empty => self.empty.process.cpu_seconds(),
+        }
+    }
+
+    fn pids(&self) -> anyhow::Result<[u32; 2]> {
+        Ok([self.tollgate.tollgate_pid()?, self.empty.process.id()])
+    }
+}
+
+/// A second pair of servers, born on CPU 0, and a generator of its own, made on the other CPUs.
+///
+/// A process sizes its runtime by the CPUs it may use when it starts (one worker per CPU), as a
+/// sidecar limited to one CPU would: servers moved onto one CPU after starting would keep a
+/// worker per CPU of the machine, taking turns on the one they have, and so would the generator.
+struct Apart<'a> {
+    pair: Pair<'a>,
+    loader: Loader,
+}
+
+impl<'a> Apart<'a> {
+    fn start(
+        servers: &'a Servers,
+        policy: &str,
+        connections: u32,
+        cpus: usize,
+    ) -> anyhow::Result<Apart<'a>> {
+        // Children inherit the CPUs of the thread that starts them.
+        let born = crate::proc::Pinned::new(cpus, [0]);
+        crate::proc::pin(0, 0..1)?;
+        let tollgate = Stand::start(servers, Backend::Memory, policy, "deny")?;
+        let empty = EmptyProcess::start()?;
+        crate::proc::pin(0, 1..cpus)?;
+        let loader = Loader::new()?;
+        drop(born);
+        let connections = [
+            loader.connect(&[tollgate.grpc_addr()], connections)?,
+            loader.connect(&[empty.addr], connections)?,
+        ];
+        Ok(Apart {
+            pair: Pair {
+                tollgate,
+                empty,
+                connections,
+            },
+            loader,
+        })
+    }
+}
+
 const KEY: &str = "user";
 
 impl Scenario for GrpcFloor {
@@ -156,17 +236,11 @@ impl Scenario for GrpcFloor {
         let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
         bench.servers.ensure(Backend::Memory);
         let (servers, tools) = bench.split();
-        let tollgate = Stand::start(servers, Backend::Memory, &policy, "deny")?;
-        let empty = EmptyProcess::start()?;
-        let connections = [
-            tools
-                .loader
-                .connect(&[tollgate.grpc_addr()], options.connections)?,
-            tools.loader.connect(&[empty.addr], options.connections)?,
-        ];
-        let cpu = |server: Server| match server {
-            Server::Tollgate => tollgate.tollgate_cpu_seconds(),
-            Server::Empty => empty.process.cpu_seconds(),
+        let shared = Pair::start(servers, &policy, tools.loader, options.connections)?;
+        // A machine with one CPU has nothing to set apart.
+        let apart = match crate::proc::online_cpus() {
+            0..=1 => None,
+            cpus => Some(Apart::start(servers, &policy, options.connections, cpus)?),
         };
         let shape = uniform_shape(vec![KEY.to_owned()], options.keys);
         let phase = |rate, duration| Phase {
@@ -175,73 +249,81 @@ impl Scenario for GrpcFloor {
             rate,
             duration,
         };
-        for c in &connections {
+        for c in &shared.connections {
             tools.loader.drive(c, &phase(None, tools.scale.warmup))?;
+        }
+        if let Some(apart) = &apart {
+            for c in &apart.pair.connections {
+                apart.loader.drive(c, &phase(None, tools.scale.warmup))?;
+            }
         }
         let servers = [Server::Tollgate, Server::Empty];
         for run in 1..=tools.scale.runs {
             let order = rotation(run, servers.len());
-            let mut measure =
-                |index: usize, target_rate: Option<f64>, apart: bool| -> anyhow::Result<f64> {
-                    let server = servers[index];
-                    let before = (cpu(server)?, crate::proc::own_cpu_seconds()?);
-                    let load = tools.loader.drive(
-                        &connections[index],
-                        &phase(target_rate, tools.scale.duration),
-                    )?;
-                    let cpu_seconds = cpu(server)? - before.0;
-                    let generator_cpu_seconds = crate::proc::own_cpu_seconds()? - before.1;
-                    if load.decisions == 0 {
-                        bail!(
-                            "the {} decided nothing: {:?}\n{}",
-                            server.label(),
-                            load.errors_by_code,
-                            tollgate.tollgate.log()
-                        );
-                    }
-                    let rate = load.decisions_per_second;
-                    say(&format!(
-                        "  grpc-floor run {run} {}{}{}: {}/s, p99 {} ms",
+            let mut measure = |pair: &Pair,
+                               loader: &Loader,
+                               index: usize,
+                               target_rate: Option<f64>,
+                               apart: bool|
+             -> anyhow::Result<f64> {
+                let server = servers[index];
+                let before = (pair.cpu_seconds(server)?, crate::proc::own_cpu_seconds()?);
+                let load = loader.drive(
+                    &pair.connections[index],
+                    &phase(target_rate, tools.scale.duration),
+                )?;
+                let cpu_seconds = pair.cpu_seconds(server)? - before.0;
+                let generator_cpu_seconds = crate::proc::own_cpu_seconds()? - before.1;
+                if load.decisions == 0 {
+                    bail!(
+                        "the {} decided nothing: {:?}\n{}",
                         server.label(),
-                        if apart { ", generator apart" } else { "" },
-                        target_rate.map_or(String::new(), |r| format!(" at {}/s", count(Some(r)))),
-                        count(Some(rate)),
-                        ms(Some(load.latency_us.p99)),
-                    ));
-                    tools.records.record(
-                        "run",
-                        &FloorRun {
-                            server,
-                            run,
-                            concurrency: options.concurrency,
-                            target_rate,
-                            load,
-                            cpu_seconds,
-                            generator_cpu_seconds,
-                            apart,
-                        },
-                    )?;
-                    Ok(rate)
-                };
-            let pids = [tollgate.tollgate_pid()?, empty.process.id()];
-            for apart in [false, true] {
-                let _pinned = match apart {
-                    false => None,
-                    // A machine with one CPU has nothing to set apart.
-                    true => match crate::proc::generator_apart(&pids)? {
-                        Some(pinned) => Some(pinned),
-                        None => break,
+                        load.errors_by_code,
+                        pair.tollgate.tollgate.log()
+                    );
+                }
+                let rate = load.decisions_per_second;
+                say(&format!(
+                    "  grpc-floor run {run} {}{}{}: {}/s, p99 {} ms",
+                    server.label(),
+                    if apart { ", apart" } else { "" },
+                    target_rate.map_or(String::new(), |r| format!(" at {}/s", count(Some(r)))),
+                    count(Some(rate)),
+                    ms(Some(load.latency_us.p99)),
+                ));
+                tools.records.record(
+                    "run",
+                    &FloorRun {
+                        server,
+                        run,
+                        concurrency: options.concurrency,
+                        target_rate,
+                        load,
+                        cpu_seconds,
+                        generator_cpu_seconds,
+                        apart,
                     },
+                )?;
+                Ok(rate)
+            };
+            let mut placements = vec![(&shared, tools.loader, false)];
+            if let Some(apart) = &apart {
+                placements.push((&apart.pair, &apart.loader, true));
+            }
+            for (pair, loader, is_apart) in placements {
+                let _pinned = match is_apart {
+                    true => crate::proc::generator_apart(&pair.pids()?)?,
+                    false => None,
                 };
                 let mut tollgate_peak = 0.0;
                 for index in order.clone() {
-                    let rate = measure(index, None, apart)?;
+                    let rate = measure(pair, loader, index, None, is_apart)?;
                     if index == 0 {
                         tollgate_peak = rate;
                     }
                 }
                 for index in order.clone() {
-                    measure(index, Some(tollgate_peak / 2.0), apart)?;
+                    measure(pair, loader, index, Some(tollgate_peak / 2.0), is_apart)?;
                 }
             }
         }
@@ -292,9 +374,11 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     if runs.iter().any(|r| r.apart) {
         let _ = writeln!(
             out,
-            "\nApart: the same servers on CPU 0 and the load generator on {}, closed loop again \
-             for each server's peak on one CPU, then open loop at half of tollgate's peak apart, \
-             so a call waits for the server alone and not for a core the generator holds.\n",
+            "\nApart: a second tollgate and empty server, started on CPU 0 (so each sizes its \
+             runtime to that one CPU, as a sidecar limited to one CPU does), and a load generator \
+             of their own on {}; closed loop for each server's peak on its one CPU, then open \
+             loop at half of tollgate's peak apart, so a call waits for the server alone and not \
+             for a core the generator holds.\n",
             match conditions.machine.cpus {
                 0..=2 => "CPU 1".to_owned(),
                 cpus => format!("CPUs 1–{}", cpus - 1),

@@ -494,7 +494,8 @@ pub struct Phase {
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Loader {
-    fn new() -> anyhow::Result<Loader> {
+    /// A load generator whose runtime has one worker per CPU this process may use now.
+    pub fn new() -> anyhow::Result<Loader> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
