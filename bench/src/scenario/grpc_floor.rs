@@ -7,9 +7,9 @@
 //! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
 //! latency a server has when it is not saturated. Then the same again with a second pair of
 //! servers started on one CPU and a generator of their own on the others, so that a server's
-//! latency is not the time it waits for a core the generator holds. Reported: decisions per second of each, their ratio
-//! (the median of the runs' ratios), CPU per decision of each process, and the latency at half
-//! the peak, sharing the cores and apart.
+//! latency is not the time it waits for a core the generator holds. Reported: decisions per
+//! second of each, their ratio (the median of the runs' ratios), CPU per decision of each
+//! process, and the latency at half the peak, sharing the cores and apart.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
@@ -161,6 +161,16 @@ impl<'a> Pair<'a> {
     ) -> anyhow::Result<Pair<'a>> {
         let tollgate = Stand::start(servers, Backend::Memory, policy, "deny")?;
         let empty = EmptyProcess::start()?;
+        Pair::connect(tollgate, empty, loader, connections)
+    }
+
+    /// The pair of `tollgate` and `empty`, once `loader` has opened its connections to both.
+    fn connect(
+        tollgate: Stand<'a>,
+        empty: EmptyProcess,
+        loader: &Loader,
+        connections: u32,
+    ) -> anyhow::Result<Pair<'a>> {
         let connections = [
             loader.connect(&[tollgate.grpc_addr()], connections)?,
             loader.connect(&[empty.addr], connections)?,
@@ -209,18 +219,8 @@ impl<'a> Apart<'a> {
         crate::proc::pin(0, 1..cpus)?;
         let loader = Loader::new()?;
         drop(born);
-        let connections = [
-            loader.connect(&[tollgate.grpc_addr()], connections)?,
-            loader.connect(&[empty.addr], connections)?,
-        ];
-        Ok(Apart {
-            pair: Pair {
-                tollgate,
-                empty,
-                connections,
-            },
-            loader,
-        })
+        let pair = Pair::connect(tollgate, empty, &loader, connections)?;
+        Ok(Apart { pair, loader })
     }
 }
 
