@@ -342,20 +342,11 @@ impl<'a> Stand<'a> {
     /// `None` on a machine with one CPU. Sharing cores, a generator sending more than the
     /// server can answer competes with it for the same CPU, and its own backlog then shows as
     /// latency of the server's answers.
-    pub fn split_cpus(&self) -> anyhow::Result<Option<CpuSplit>> {
-        let cpus = crate::proc::online_cpus();
-        if cpus < 2 {
-            return Ok(None);
-        }
-        let pid = self.tollgate_pid()?;
-        crate::proc::pin(pid, 0..1)?;
-        for node in &self.nodes.all {
-            if let Some(pid) = node.pid() {
-                crate::proc::pin(pid, 0..1)?;
-            }
-        }
-        crate::proc::pin(0, 1..cpus)?;
-        Ok(Some(CpuSplit { cpus }))
+    pub fn split_cpus(&self) -> anyhow::Result<Option<crate::proc::Pinned>> {
+        let servers: Vec<u32> = std::iter::once(self.tollgate_pid()?)
+            .chain(self.nodes.all.iter().filter_map(|node| node.pid()))
+            .collect();
+        crate::proc::generator_apart(&servers)
     }
 
     /// Gives Redis a CPU of its own: every Redis process behind this stand runs on the last
@@ -393,21 +384,6 @@ impl Nodes<'_> {
     pub fn throttle(&self, share: f64) -> crate::proc::Throttle {
         let pids = self.all.iter().filter_map(|node| node.pid()).collect();
         crate::proc::Throttle::start(pids, share, std::time::Duration::from_millis(5))
-    }
-}
-
-/// While alive, the generator runs apart from the server under test ([`Stand::split_cpus`]);
-/// dropping it gives this process every CPU back.
-#[derive(Debug)]
-pub struct CpuSplit {
-    cpus: usize,
-}
-
-impl Drop for CpuSplit {
-    fn drop(&mut self) {
-        if let Err(error) = crate::proc::pin(0, 0..self.cpus) {
-            eprintln!("tollgate-bench: giving the generator every CPU back: {error:#}");
-        }
     }
 }
 
