@@ -241,3 +241,50 @@ fn one_huge_log_stays_within_the_budget_and_its_limit() {
     let usage = backend.usage();
     assert!(usage.bytes <= usage.budget, "{usage:?}");
 }
+
+/// A log held at its size merges entries; releasing one hit's receipt gives back that hit's own
+/// cost and no more, whichever entry now holds it: after each release exactly one more unit fits.
+#[test]
+fn releasing_a_merged_hit_gives_back_only_its_own_cost() {
+    let (backend, clock) = backend(MIN_BUDGET);
+    let limit = 20_000;
+    let one = hit(
+        "merged",
+        Algorithm::SlidingWindowLog,
+        limit,
+        HOUR,
+        Cost::Consume(1),
+    );
+    let mut receipts = Vec::new();
+    for n in 0..limit {
+        let outcome = decide(&backend, &one);
+        assert!(outcome.verdict.admitted, "hit {n}");
+        receipts.extend(outcome.receipt);
+        if n % 10 == 0 {
+            clock.advance(1);
+        }
+    }
+    let usage = backend.usage();
+    assert!(usage.bytes <= usage.budget, "{usage:?}");
+    assert!(
+        !decide(&backend, &one).verdict.admitted,
+        "the limit is reached"
+    );
+    // Most entries were merged into the oldest one left, which carries the id of the newest hit
+    // it took in; a receipt whose entry was merged away finds nothing to give back.
+    let mut given_back = 0;
+    for (n, receipt) in receipts.into_iter().enumerate() {
+        block_on(backend.release(&[receipt])).expect("release");
+        if decide(&backend, &one).verdict.admitted {
+            given_back += 1;
+        }
+        assert!(
+            !decide(&backend, &one).verdict.admitted,
+            "release {n} gave back more than its one unit"
+        );
+    }
+    assert!(
+        given_back > 0,
+        "some receipts still had entries of their own"
+    );
+}

@@ -831,22 +831,20 @@ impl Shard {
                     .entries
                     .binary_search_by_key(&receipt.token, |entry| entry.id);
                 if let Ok(position) = found {
-                    let keep = receipt.keep.min(receipt.cost);
-                    // A partial release keeps the entry, smaller; its time stays, which only
-                    // ever holds the units longer than needed.
-                    let kept = log.entries.get_mut(position).and_then(|entry| {
-                        (keep > 0 && entry.cost > keep).then(|| {
-                            let back = entry.cost - keep;
-                            entry.cost = keep;
-                            back
-                        })
-                    });
-                    let back = match kept {
-                        Some(back) => Some(back),
-                        None if keep > 0 => None,
-                        None => log.entries.remove(position).map(|entry| entry.cost),
+                    // What this receipt gives back. An entry may hold more than its own hit's
+                    // cost (it took in older ones when its log could not grow), so it shrinks by
+                    // that much and goes only when nothing is left; a partial release keeps it,
+                    // smaller, at its time, which only ever holds the units longer than needed.
+                    let release = receipt.cost - receipt.keep.min(receipt.cost);
+                    let back = match log.entries.get_mut(position) {
+                        Some(entry) if release < entry.cost => {
+                            entry.cost -= release;
+                            release
+                        }
+                        Some(_) => log.entries.remove(position).map_or(0, |entry| entry.cost),
+                        None => 0,
                     };
-                    if let Some(back) = back {
+                    if back > 0 {
                         log.used = log.used.saturating_sub(u128::from(back));
                         slot.expires_ms = log.expiry(window_ms);
                     }
