@@ -651,6 +651,11 @@ fn dockerfile_builds_a_small_non_root_image_on_the_build_stage_c_library() {
     // musl's allocator costs about twice the CPU per decision: the image runs the C library
     // the benchmarks measure.
     assert!(!cargo.contains("musl"), "a musl build: {cargo}");
+    // The image is pulled beside every Envoy: no debug information (five sixths of the binary).
+    assert!(
+        cargo.contains("strip --strip-debug /tollgate"),
+        "the binary keeps its debug information: {cargo}"
+    );
 
     let last = &instructions[*stages.last().expect("a stage")..];
     let (_, base) = &last[0];
