@@ -110,6 +110,12 @@ impl FloorRun {
         let busy = |seconds: f64| (elapsed > 0.0).then(|| seconds / elapsed);
         (busy(self.cpu_seconds), busy(self.generator_cpu_seconds))
     }
+
+    /// Whether this is a run of `server` in the given placement, closed loop (`open` false: its
+    /// peak) or open loop.
+    fn is(&self, server: Server, open: bool, apart: bool) -> bool {
+        self.server == server && self.target_rate.is_some() == open && self.apart == apart
+    }
 }
 
 /// The empty server as a child process, killed when dropped.
@@ -355,9 +361,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         conditions.machine.cpus,
     );
     out.push_str(&peak_table(&runs, false));
-    let closed = |server: Server| {
-        move |r: &FloorRun| r.server == server && r.target_rate.is_none() && !r.apart
-    };
+    let closed = |server: Server| move |r: &FloorRun| r.is(server, false, false);
     let ratios = run_ratios(
         &runs,
         |r| r.run,
@@ -402,10 +406,7 @@ fn peak_table(runs: &[FloorRun], apart: bool) -> String {
         ("CPU µs/decision", Align::Right),
     ]);
     for server in [Server::Tollgate, Server::Empty] {
-        let runs: Vec<&FloorRun> = runs
-            .iter()
-            .filter(|r| r.server == server && r.target_rate.is_none() && r.apart == apart)
-            .collect();
+        let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.is(server, false, apart)).collect();
         table.row(vec![
             server.label().to_owned(),
             count(median(runs.iter().map(|r| r.load.decisions_per_second))),
@@ -445,10 +446,7 @@ fn open_loop_table(runs: &[FloorRun], apart: bool) -> String {
         ("generator cores", Align::Right),
     ]);
     for server in [Server::Tollgate, Server::Empty] {
-        let runs: Vec<&FloorRun> = runs
-            .iter()
-            .filter(|r| r.server == server && r.target_rate.is_some() && r.apart == apart)
-            .collect();
+        let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.is(server, true, apart)).collect();
         table.row(vec![
             server.label().to_owned(),
             count(median(runs.iter().filter_map(|r| r.target_rate))),
