@@ -24,9 +24,9 @@
 //! here. The second is why `tollgate serve` turns the cache on by default only in front of the
 //! memory backend, which no other instance shares.
 //!
-//! Under [`Counting::All`] the backend would have charged every refused hit; answering locally
-//! skips those charges (as envoyproxy/ratelimit's local cache does), which can only make the
-//! backend admit earlier, never refuse more.
+//! Under [`Counting::All`](crate::window::Counting::All) the backend would have charged every
+//! refused hit; answering locally skips those charges (as envoyproxy/ratelimit's local cache
+//! does), which can only make the backend admit earlier, never refuse more.
 //!
 //! Place it below sharding ([`super::Sharded`] over this): its entries are per shard window, so
 //! a sharded limit is answered locally only when each shard it tries is known full.

@@ -10,37 +10,41 @@
 //! A rate limiter's keys come from its clients, and a flood of distinct keys is the first thing an
 //! attacker tries, so what this backend holds is bounded:
 //!
-//! - **A budget.** The bytes held (the tables' allocations and the sliding-window logs' entries,
-//!   as asked of the allocator) never exceed the budget given at construction
-//!   ([`MemoryBackend::with_budget`], `--memory-budget`), split evenly over the shards. A table
-//!   only grows to a size it could be rebuilt at within its share (twice its allocation), so not
-//!   even the copies made while growing or rebuilding go over. The one thing outside the count is
-//!   the allocator's own overhead per allocation (a few bytes per log).
+//! - **A budget.** The bytes held (the tables' allocations, the logs' headers and the pages their
+//!   entries are kept in, as asked of the allocator) never exceed the budget given at
+//!   construction ([`MemoryBackend::with_budget`], `--memory-budget`), split evenly over the
+//!   shards. A table only grows to a size it could be rebuilt at within its share (twice its
+//!   allocation), so not even the copies made while growing or rebuilding go over. The one thing
+//!   outside the count is the allocator's own overhead per allocation (a few bytes per table and
+//!   per page).
 //! - **Eviction order** when a new key does not fit: first every expired window of the shard,
 //!   then the windows that expire soonest (an eighth of the shard at a time, so the cost is
 //!   amortized). A log that cannot grow because its shard holds nothing else to evict merges its
-//!   two oldest entries into one, stamped with the newer time. Evicted live windows are counted
-//!   ([`MemoryUsage::evictions`]). Evicting a live window makes its limit count *less* than it
-//!   admitted (the key starts again from zero), so that window may admit up to its limit again,
-//!   and only while an attacker keeps the budget full. Merging errs the other way: the merged
-//!   entry leaves the window later than its older half would have, so the log counts that half
-//!   for longer and refuses a little early; it never admits more than the limit.
+//!   oldest entries into the next one, stamped with the newer time, until a block of its entries
+//!   is free. Evicted live windows are counted ([`MemoryUsage::evictions`]). Evicting a live
+//!   window makes its limit count *less* than it admitted (the key starts again from zero), so
+//!   that window may admit up to its limit again, and only while an attacker keeps the budget
+//!   full. Merging errs the other way: a merged entry leaves the window later than the older
+//!   hits in it would have, so the log counts them for longer and refuses a little early; it
+//!   never admits more than the limit.
 //! - **Sweeping.** Expired windows are dropped as traffic flows (each shard sweeps itself after
 //!   as many operations as its last sweep kept windows, so the cost is amortized O(1) per hit),
 //!   and on a timer ([`Backend::maintain`], about once a second), so memory comes back while the
-//!   service is idle. A sweep that leaves a table mostly empty shrinks it.
+//!   service is idle. A sweep that leaves a table mostly empty shrinks it, and one that leaves
+//!   most of the logs' blocks free moves the rest together and gives the free pages back.
 //! - **Small keys.** A window is stored under a 128-bit keyed hash of its identity (key,
 //!   algorithm, window), not the key's text, so a key costs the same however long the client made
 //!   its values: a counter is one 48-byte table slot and nothing else, under 64 bytes a key with
-//!   the table's free slots counted; a log adds its 48-byte header and 24 bytes an entry. Two identities share a
-//!   window only if both 64-bit halves of their keyed hashes collide, a chance of 2^-128 per pair
-//!   that no client can steer (the hash keys are random per process).
+//!   the table's free slots counted; a log adds a 32-byte header and 26 bytes an entry (blocks of
+//!   four entries, from pages each shard keeps for its logs, apart from the requests' own
+//!   allocations: see the `log` module). Two identities share a window only if both 64-bit halves
+//!   of their keyed hashes collide, a chance of 2^-128 per pair that no client can steer (the
+//!   hash keys are random per process).
 //!
 //! Each hit hashes its identity twice: the first hash picks the shard and finds the slot in the
 //! shard's table, the second confirms it. Keys come from clients, so the hashes are SipHash with
 //! random keys (std's `RandomState`), which keeps an attacker from choosing keys that collide.
 
-use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -53,6 +57,10 @@ use crate::backend::shard::{self, ShardKeys};
 use crate::backend::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt};
 use crate::clock::{Clock, SystemClock};
 use crate::window::{self, Algorithm, Cost, Counting};
+
+mod log;
+
+use log::{LogEntry, LogId, Logs};
 
 /// How many independently locked maps the keys are spread over.
 const SHARD_COUNT: usize = 64;
@@ -339,60 +347,9 @@ enum State {
     /// A sliding window counter: the counts of the fixed window last written and the one
     /// before it.
     Counter { prev: u64, curr: u64 },
-    /// A sliding window log, on the heap: most keys are counters, and they stay small.
-    Log(Box<LogWindow>),
-}
-
-/// A sliding window log: recorded hits (admitted ones, and refused ones under
-/// [`Counting::All`]) oldest first, with their running sum.
-struct LogWindow {
-    entries: VecDeque<LogEntry>,
-    used: u128,
-}
-
-struct LogEntry {
-    time_ms: u64,
-    cost: u64,
-    id: u64,
-}
-
-impl LogWindow {
-    /// The bytes this log holds outside its table slot.
-    fn heap_bytes(&self) -> usize {
-        size_of::<LogWindow>() + self.entries.capacity() * size_of::<LogEntry>()
-    }
-
-    fn prune(&mut self, window_ms: u64, now_ms: u64) {
-        while let Some(oldest) = self.entries.front() {
-            if window::log_entry_live(oldest.time_ms, window_ms, now_ms) {
-                break;
-            }
-            self.used = self.used.saturating_sub(u128::from(oldest.cost));
-            self.entries.pop_front();
-        }
-    }
-
-    /// The expiry of a log whose newest entry is `newest`.
-    fn expiry(&self, window_ms: u64) -> u64 {
-        self.entries
-            .back()
-            .map_or(0, |newest| newest.time_ms.saturating_add(window_ms))
-    }
-
-    /// Merges the two oldest entries into one with the newer time and id and the summed cost.
-    /// The older hit then leaves the window later than it would have: the log counts more, never
-    /// less, so this can only refuse what an exact log would have admitted.
-    fn merge_oldest(&mut self) -> bool {
-        if self.entries.len() < 2 {
-            return false;
-        }
-        let (Some(older), Some(newer)) = (self.entries.pop_front(), self.entries.front_mut())
-        else {
-            return false;
-        };
-        newer.cost = newer.cost.saturating_add(older.cost);
-        true
-    }
+    /// A sliding window log, kept in the shard's [`Logs`]: most keys are counters, and they
+    /// stay small.
+    Log(LogId),
 }
 
 /// The expiry of a counter whose last written fixed window is `index`.
@@ -426,11 +383,22 @@ fn full_capacity(buckets: usize) -> usize {
     }
 }
 
+/// What a write needs room for.
+#[derive(Debug, Clone, Copy)]
+struct Need {
+    /// One more slot in the table.
+    slot: bool,
+    /// A new log's header.
+    log: bool,
+    /// One more block for a log's entries.
+    block: bool,
+}
+
 /// One lock's worth of windows.
 struct Shard {
     slots: HashTable<Slot>,
-    /// Bytes the logs hold outside the table.
-    log_bytes: usize,
+    /// The logs' headers and entries.
+    logs: Logs,
     /// The most bytes this shard holds: its share of the budget.
     budget: usize,
     /// Live windows dropped to stay within the budget.
@@ -451,7 +419,7 @@ impl Shard {
     fn new(budget: usize) -> Shard {
         Shard {
             slots: HashTable::new(),
-            log_bytes: 0,
+            logs: Logs::new(budget),
             budget,
             evictions: 0,
             latest_ms: 0,
@@ -461,9 +429,9 @@ impl Shard {
         }
     }
 
-    /// Bytes held: the table's allocation and the logs' heap.
+    /// Bytes held: the table's allocation, the logs' headers and their blocks' pages.
     fn held(&self) -> usize {
-        self.slots.allocation_size() + self.log_bytes
+        self.slots.allocation_size() + self.logs.bytes()
     }
 
     fn advance_clock(&mut self, now_ms: u64) -> u64 {
@@ -480,16 +448,23 @@ impl Shard {
 
     fn sweep(&mut self, now_ms: u64) {
         self.operations_since_sweep = 0;
-        let mut freed = 0;
+        let logs = &mut self.logs;
         self.slots.retain(|slot| {
             let keep = slot.expires_ms > now_ms;
-            if !keep && let State::Log(log) = &slot.state {
-                freed += log.heap_bytes();
+            if !keep && let State::Log(log) = slot.state {
+                logs.remove(log);
             }
             keep
         });
-        self.log_bytes = self.log_bytes.saturating_sub(freed);
         self.kept_by_last_sweep = self.slots.len();
+        self.logs.compact(
+            self.slots
+                .iter_mut()
+                .filter_map(|slot| match &mut slot.state {
+                    State::Log(log) => Some(log),
+                    State::Counter { .. } => None,
+                }),
+        );
         // A burst of distinct keys leaves a large table behind; give the memory back.
         if self.slots.capacity() > 4 * self.slots.len() + MIN_OPS_BETWEEN_SWEEPS {
             self.slots
@@ -540,19 +515,22 @@ impl Shard {
         self.slots = fresh;
     }
 
-    /// Makes room for `extra_heap` more log bytes and, with `new_slot`, one more slot, evicting
-    /// as the eviction order says; `keep` is never evicted (the window being written). False if
+    /// Makes room for what a write needs, evicting as the eviction order says; `keep` is never evicted (the window being written). False if
     /// even that could not make room.
-    fn make_room(
-        &mut self,
-        now_ms: u64,
-        extra_heap: usize,
-        new_slot: bool,
-        keep: Option<Id>,
-    ) -> bool {
+    fn make_room(&mut self, now_ms: u64, need: Need, keep: Option<Id>) -> bool {
         let mut swept = false;
         loop {
-            if self.fits(extra_heap, new_slot) {
+            // A window evicted or swept may have freed a block, so what is needed is asked anew.
+            let extra_heap = if need.log {
+                self.logs.growth_for_new_log()
+            } else {
+                0
+            } + if need.block {
+                self.logs.growth_for_one_block()
+            } else {
+                0
+            };
+            if self.fits(extra_heap, need.slot) {
                 return true;
             }
             if !swept {
@@ -604,7 +582,7 @@ impl Shard {
         // flood of counters in one window all expire together) only as many as the batch needs.
         let mut ties = wanted.saturating_sub(sooner).max(usize::from(sooner == 0));
         let mut evicted = 0;
-        let mut freed = 0;
+        let logs = &mut self.logs;
         self.slots.retain(|slot| {
             if Some(slot.id) == keep || slot.expires_ms > threshold {
                 return true;
@@ -616,21 +594,17 @@ impl Shard {
                 ties -= 1;
             }
             evicted += 1;
-            if let State::Log(log) = &slot.state {
-                freed += log.heap_bytes();
+            if let State::Log(log) = slot.state {
+                logs.remove(log);
             }
             false
         });
-        self.log_bytes = self.log_bytes.saturating_sub(freed);
         self.evictions += evicted;
         true
     }
 
     /// Stores a new window; the caller has made room.
     fn insert(&mut self, slot: Slot) {
-        if let State::Log(log) = &slot.state {
-            self.log_bytes += log.heap_bytes();
-        }
         self.slots
             .insert_unique(slot.id.hash, slot, |slot| slot.id.hash);
     }
@@ -682,7 +656,15 @@ impl Shard {
             }
             None => {
                 // A minimum budget always leaves room for one slot once the others are evicted.
-                self.make_room(now_ms, 0, true, None);
+                self.make_room(
+                    now_ms,
+                    Need {
+                        slot: true,
+                        log: false,
+                        block: false,
+                    },
+                    None,
+                );
                 self.insert(Slot {
                     id,
                     expires_ms,
@@ -692,6 +674,17 @@ impl Shard {
         }
         // Only an admitted charge is ever given back.
         (verdict, verdict.admitted.then_some(index))
+    }
+
+    /// The log stored under `id`, if there is one.
+    fn log_of(&mut self, id: Id) -> Option<LogId> {
+        match self.find(id) {
+            Some(Slot {
+                state: State::Log(log),
+                ..
+            }) => Some(*log),
+            _ => None,
+        }
     }
 
     /// Decides a log hit, recording a refused one too under [`Counting::All`]; answers the
@@ -705,35 +698,22 @@ impl Shard {
         counting: Counting,
         now_ms: u64,
     ) -> (window::Verdict, Option<u64>) {
-        let verdict = match self.find(id) {
-            Some(Slot {
-                state: State::Log(log),
-                ..
-            }) => {
-                // Pruning keeps the capacity, so the bytes held do not change.
-                log.prune(window_ms, now_ms);
-                window::log_decide_live(
-                    limit,
-                    window_ms,
-                    now_ms,
-                    log.used,
-                    log.entries.back().map(|newest| newest.time_ms),
-                    log.entries.iter().map(|entry| (entry.time_ms, entry.cost)),
-                    cost,
-                    counting,
-                )
-            }
-            _ => window::log_decide_live(
-                limit,
-                window_ms,
-                now_ms,
-                0,
-                None,
-                std::iter::empty(),
-                cost,
-                counting,
-            ),
-        };
+        let log = self.log_of(id);
+        if let Some(log) = log {
+            // Pruning only gives blocks back to the shard; the pages held do not change.
+            self.logs.prune(log, window_ms, now_ms);
+        }
+        let logs = &self.logs;
+        let verdict = window::log_decide_live(
+            limit,
+            window_ms,
+            now_ms,
+            log.map_or(0, |log| logs.used(log)),
+            log.and_then(|log| logs.newest_ms(log)),
+            log.into_iter().flat_map(|log| logs.entries(log)),
+            cost,
+            counting,
+        );
         let Cost::Consume(units) = cost else {
             return (verdict, None);
         };
@@ -749,62 +729,84 @@ impl Shard {
             cost: entry_cost,
             id: entry_id,
         };
-        self.append(id, window_ms, now_ms, entry);
+        self.append(id, log, window_ms, now_ms, entry);
         // Only an admitted charge is ever given back.
         (verdict, verdict.admitted.then_some(entry_id))
     }
 
     /// Appends an entry (an admitted hit's, or a refused one's under [`Counting::All`]) to the
     /// log `id`, creating it if needed, within the budget.
-    fn append(&mut self, id: Id, window_ms: u64, now_ms: u64, entry: LogEntry) {
-        let heap_growth = match self.find(id) {
-            Some(Slot {
-                state: State::Log(log),
-                ..
-            }) => {
-                let entries = &log.entries;
-                if entries.len() < entries.capacity() {
-                    0
-                } else {
-                    // What `VecDeque` asks for when it grows: double, at least four.
-                    entries.capacity().max(2) * size_of::<LogEntry>()
-                }
+    fn append(
+        &mut self,
+        id: Id,
+        stored: Option<LogId>,
+        window_ms: u64,
+        now_ms: u64,
+        entry: LogEntry,
+    ) {
+        let mut stored = stored;
+        if let Some(log) = stored
+            && self.logs.needs_block(log)
+            && !self.logs.has_free_block()
+        {
+            let need = Need {
+                slot: false,
+                log: false,
+                block: true,
+            };
+            // Room for a page means the page is taken; a free block needs nothing more.
+            if self.make_room(now_ms, need, Some(id)) && !self.logs.has_free_block() {
+                self.logs.grow_blocks();
             }
-            _ => {
-                let used = u128::from(entry.cost);
-                let log = Box::new(LogWindow {
-                    entries: VecDeque::from([entry]),
-                    used,
-                });
-                let expires_ms = log.expiry(window_ms);
-                self.make_room(now_ms, log.heap_bytes(), true, None);
-                self.insert(Slot {
-                    id,
-                    expires_ms,
-                    state: State::Log(log),
-                });
-                return;
+            // Making room may have swept this log away (it had expired: a refused hit can leave
+            // an empty log behind), or moved it; it is looked up again.
+            stored = self.log_of(id);
+            if let Some(log) = stored
+                && self.logs.needs_block(log)
+                && !self.logs.has_free_block()
+            {
+                // Nothing else in this shard could be evicted: keep the log's size by merging
+                // its oldest entries. A log too short to merge never gets here: it would leave
+                // most of the shard's first page free.
+                self.logs.merge_to_fit(log);
             }
-        };
-        let room = heap_growth == 0 || self.make_room(now_ms, heap_growth, false, Some(id));
-        let Some(Slot {
-            expires_ms,
-            state: State::Log(log),
-            ..
-        }) = self.find(id)
-        else {
-            return;
-        };
-        let before = log.heap_bytes();
-        if !room {
-            // Nothing else in this shard could be evicted: keep the log's size by merging.
-            log.merge_oldest();
         }
-        log.used = log.used.saturating_add(u128::from(entry.cost));
-        log.entries.push_back(entry);
-        *expires_ms = log.expiry(window_ms);
-        let after = log.heap_bytes();
-        self.log_bytes = self.log_bytes + after - before;
+        if let Some(log) = stored {
+            self.push(id, log, window_ms, entry);
+            return;
+        }
+        let need = Need {
+            slot: true,
+            log: true,
+            block: true,
+        };
+        // A minimum budget always leaves room for one log once the others are evicted; if it
+        // did not, the page is added anyway rather than lose the hit.
+        if self.make_room(now_ms, need, None) && !self.logs.has_free_block() {
+            self.logs.grow_blocks();
+        }
+        let log = self.logs.create();
+        self.insert(Slot {
+            id,
+            expires_ms: 0,
+            state: State::Log(log),
+        });
+        self.push(id, log, window_ms, entry);
+    }
+
+    /// Appends an entry to a log with room for it, and moves the log's expiry.
+    fn push(&mut self, id: Id, log: LogId, window_ms: u64, entry: LogEntry) {
+        // Losing the entry would admit more than the limit: if there is no room even so, a page
+        // is added past the budget.
+        let stored =
+            self.logs.push(log, entry) || (self.logs.grow_blocks() && self.logs.push(log, entry));
+        if !stored {
+            return;
+        }
+        let expires_ms = self.logs.expiry(log, window_ms);
+        if let Some(slot) = self.find(id) {
+            slot.expires_ms = expires_ms;
+        }
     }
 
     fn refund(&mut self, id: Id, receipt: &Receipt, window_ms: u64) {
@@ -826,37 +828,22 @@ impl Shard {
                 *prev == 0 && *curr == 0
             }
             (Algorithm::SlidingWindowLog, State::Log(log)) => {
-                // Ids grow in insertion order, so the entries are sorted by id.
-                let found = log
-                    .entries
-                    .binary_search_by_key(&receipt.token, |entry| entry.id);
-                if let Ok(position) = found {
-                    // What this receipt gives back. An entry may hold more than its own hit's
-                    // cost (it took in older ones when its log could not grow), so it shrinks by
-                    // that much and goes only when nothing is left; a partial release keeps it,
-                    // smaller, at its time, which only ever holds the units longer than needed.
-                    let release = receipt.cost - receipt.keep.min(receipt.cost);
-                    let back = match log.entries.get_mut(position) {
-                        Some(entry) if release < entry.cost => {
-                            entry.cost -= release;
-                            release
-                        }
-                        Some(_) => log.entries.remove(position).map_or(0, |entry| entry.cost),
-                        None => 0,
-                    };
-                    if back > 0 {
-                        log.used = log.used.saturating_sub(u128::from(back));
-                        slot.expires_ms = log.expiry(window_ms);
-                    }
+                // What this receipt gives back. An entry may hold more than its own hit's cost
+                // (it took in older ones when its log could not grow), so it shrinks by that
+                // much and goes only when nothing is left; a partial release keeps it, smaller,
+                // at its time, which only ever holds the units longer than needed.
+                let release = receipt.cost - receipt.keep.min(receipt.cost);
+                if self.logs.release(*log, receipt.token, release) > 0 {
+                    slot.expires_ms = self.logs.expiry(*log, window_ms);
                 }
-                log.entries.is_empty()
+                self.logs.is_empty(*log)
             }
             _ => false,
         };
         if now_empty {
             let (slot, _) = stored.remove();
-            if let State::Log(log) = &slot.state {
-                self.log_bytes = self.log_bytes.saturating_sub(log.heap_bytes());
+            if let State::Log(log) = slot.state {
+                self.logs.remove(log);
             }
         }
     }
