@@ -1,7 +1,7 @@
 //! The memory backend under a flood of distinct keys: what it holds stays within its budget (by
 //! its own accounting, after every decision), expired windows go first and then those expiring
-//! soonest, evictions are counted, idle memory comes back on the timer without traffic, and a
-//! counter key costs at most 64 bytes.
+//! soonest, evictions are counted, idle memory comes back on the timer without traffic, a
+//! counter key costs at most 64 bytes, and a flood of one-entry logs fills the budget.
 
 use std::future::Future;
 use std::pin::pin;
@@ -190,24 +190,23 @@ fn idle_memory_comes_back_on_the_timer() {
     assert_eq!(idle.evictions, 0, "expiry is not eviction");
 }
 
-/// At the budget a counter key costs at most 64 bytes of what the backend holds.
-#[test]
-fn a_counter_key_costs_at_most_64_bytes() {
-    let (backend, _clock) = backend(BUDGET);
-    for n in 0..30_000u64 {
-        decide(
-            &backend,
-            &hit(
-                &format!("user-{n}"),
-                Algorithm::SlidingWindowCounter,
-                10,
-                HOUR,
-                Cost::Consume(1),
-            ),
-        );
+/// Sends one one-unit hit on each of `keys` distinct hour-long windows to a backend of
+/// `budget` bytes, and answers what it holds after, once the flood has filled it.
+fn flood(budget: usize, algorithm: Algorithm, keys: u64) -> tollgate::backend::MemoryUsage {
+    let (backend, _clock) = backend(budget);
+    for n in 0..keys {
+        let hit = hit(&format!("user-{n}"), algorithm, 10, HOUR, Cost::Consume(1));
+        decide(&backend, &hit);
     }
     let usage = backend.usage();
     assert!(usage.evictions > 0, "filled to the budget: {usage:?}");
+    usage
+}
+
+/// At the budget a counter key costs at most 64 bytes of what the backend holds.
+#[test]
+fn a_counter_key_costs_at_most_64_bytes() {
+    let usage = flood(BUDGET, Algorithm::SlidingWindowCounter, 30_000);
     let per_key = usage.bytes / usage.keys;
     assert!(per_key <= 64, "{per_key} bytes per counter key: {usage:?}");
 }
@@ -287,4 +286,17 @@ fn releasing_a_merged_hit_gives_back_only_its_own_cost() {
         given_back > 0,
         "some receipts still had entries of their own"
     );
+}
+
+/// A flood of one-entry logs, the cheapest keys an attacker can make of a log limit, uses the
+/// budget rather than stalling below it, at most 256 bytes a key: one-entry logs cost more than
+/// counters, and the tables still grow into the room they leave.
+#[test]
+fn a_flood_of_one_entry_logs_uses_the_budget() {
+    let budget = 4 << 20;
+    let usage = flood(budget, Algorithm::SlidingWindowLog, 100_000);
+    assert!(usage.bytes <= budget as u64, "{usage:?}");
+    assert!(usage.bytes >= budget as u64 / 4 * 3, "{usage:?}");
+    let per_key = usage.bytes / usage.keys;
+    assert!(per_key <= 256, "{per_key} bytes per log key: {usage:?}");
 }

@@ -13,33 +13,32 @@
 //! - **A budget.** The bytes held (the tables' allocations, the logs' headers and the pages their
 //!   entries are kept in, as asked of the allocator) never exceed the budget given at
 //!   construction ([`MemoryBackend::with_budget`], `--memory-budget`), split evenly over the
-//!   shards. A table only grows to a size it could be rebuilt at within its share (twice its
-//!   allocation), so not even the copies made while growing or rebuilding go over. The one thing
-//!   outside the count is the allocator's own overhead per allocation (a few bytes per table and
-//!   per page).
+//!   shards. A table grows only when the old and the new table fit together, and is rebuilt in
+//!   place of its deleted slots only when two copies fit, so not even the copies made while
+//!   growing or rebuilding go over. The one thing outside the count is the allocator's own
+//!   overhead per allocation (a few bytes per table and per page).
 //! - **Eviction order** when a new key does not fit: first every expired window of the shard,
 //!   then the windows that expire soonest (an eighth of the shard at a time, so the cost is
 //!   amortized). A log that cannot grow because its shard holds nothing else to evict merges its
-//!   oldest entries into the next one, stamped with the newer time, until a block of its entries
-//!   is free. Evicted live windows are counted ([`MemoryUsage::evictions`]). Evicting a live
-//!   window makes its limit count *less* than it admitted (the key starts again from zero), so
-//!   that window may admit up to its limit again, and only while an attacker keeps the budget
-//!   full. Merging errs the other way: a merged entry leaves the window later than the older
-//!   hits in it would have, so the log counts them for longer and refuses a little early; it
-//!   never admits more than the limit.
+//!   two oldest entries into one, stamped with the newer time. Evicted live windows are counted
+//!   ([`MemoryUsage::evictions`]). Evicting a live window makes its limit count *less* than it
+//!   admitted (the key starts again from zero), so that window may admit up to its limit again,
+//!   and only while an attacker keeps the budget full. Merging errs the other way: the merged
+//!   entry leaves the window later than its older half would have, so the log counts that half
+//!   for longer and refuses a little early; it never admits more than the limit.
 //! - **Sweeping.** Expired windows are dropped as traffic flows (each shard sweeps itself after
 //!   as many operations as its last sweep kept windows, so the cost is amortized O(1) per hit),
 //!   and on a timer ([`Backend::maintain`], about once a second), so memory comes back while the
 //!   service is idle. A sweep that leaves a table mostly empty shrinks it, and one that leaves
-//!   most of the logs' blocks free moves the rest together and gives the free pages back.
+//!   most of the logs' pages free moves the entries together and gives the free pages back.
 //! - **Small keys.** A window is stored under a 128-bit keyed hash of its identity (key,
 //!   algorithm, window), not the key's text, so a key costs the same however long the client made
 //!   its values: a counter is one 48-byte table slot and nothing else, under 64 bytes a key with
-//!   the table's free slots counted; a log adds a 32-byte header and 26 bytes an entry (blocks of
-//!   four entries, from pages each shard keeps for its logs, apart from the requests' own
-//!   allocations: see the `log` module). Two identities share a window only if both 64-bit halves
-//!   of their keyed hashes collide, a chance of 2^-128 per pair that no client can steer (the
-//!   hash keys are random per process).
+//!   the table's free slots counted; a log adds a 32-byte header and 32 bytes an entry (in pages
+//!   each shard keeps for its logs, apart from the requests' own allocations: see the `log`
+//!   module). Two identities share a window only if both 64-bit halves of their keyed hashes
+//!   collide, a chance of 2^-128 per pair that no client can steer (the hash keys are random per
+//!   process).
 //!
 //! Each hit hashes its identity twice: the first hash picks the shard and finds the slot in the
 //! shard's table, the second confirms it. Keys come from clients, so the hashes are SipHash with
@@ -390,8 +389,8 @@ struct Need {
     slot: bool,
     /// A new log's header.
     log: bool,
-    /// One more block for a log's entries.
-    block: bool,
+    /// One more log entry.
+    entry: bool,
 }
 
 /// One lock's worth of windows.
@@ -429,7 +428,7 @@ impl Shard {
         }
     }
 
-    /// Bytes held: the table's allocation, the logs' headers and their blocks' pages.
+    /// Bytes held: the table's allocation, the logs' headers and the pages of their entries.
     fn held(&self) -> usize {
         self.slots.allocation_size() + self.logs.bytes()
     }
@@ -477,10 +476,12 @@ impl Shard {
     }
 
     /// Whether `extra_heap` more log bytes and, with `new_slot`, one more slot fit in the
-    /// budget. A table full of live and deleted slots is rebuilt at its size to reclaim the
-    /// deleted ones when that fits; it may only grow to a size it could later rebuild within the
-    /// budget (twice its allocation), which also covers holding the old and the new table while
-    /// growing.
+    /// budget. A full table grows when the old and the new table fit together (as they are
+    /// while the slots move); else one full of live and deleted slots is rebuilt at its size to
+    /// reclaim the deleted ones when two copies fit; else the caller evicts. (Growing only to a
+    /// size that could later be rebuilt as well, twice the new table, left up to half of a small
+    /// budget unused: a one-entry log costs more than a counter, and with its logs the shard's
+    /// table could never take that first step.)
     fn fits(&mut self, extra_heap: usize, new_slot: bool) -> bool {
         let held = self.held() + extra_heap;
         if !new_slot || self.slots.len() < self.slots.capacity() {
@@ -494,7 +495,7 @@ impl Shard {
             return held <= self.budget;
         }
         let grown = table_bytes((buckets * 2).max(4));
-        if held - table + 2 * grown <= self.budget {
+        if held + grown <= self.budget {
             return true;
         }
         if len < full_capacity(buckets) && held + table <= self.budget {
@@ -515,18 +516,18 @@ impl Shard {
         self.slots = fresh;
     }
 
-    /// Makes room for what a write needs, evicting as the eviction order says; `keep` is never evicted (the window being written). False if
-    /// even that could not make room.
+    /// Makes room for what a write needs, evicting as the eviction order says; `keep` is never
+    /// evicted (the window being written). False if even that could not make room.
     fn make_room(&mut self, now_ms: u64, need: Need, keep: Option<Id>) -> bool {
         let mut swept = false;
         loop {
-            // A window evicted or swept may have freed a block, so what is needed is asked anew.
+            // A window evicted or swept may have freed a log node, so what is needed is asked anew.
             let extra_heap = if need.log {
                 self.logs.growth_for_new_log()
             } else {
                 0
-            } + if need.block {
-                self.logs.growth_for_one_block()
+            } + if need.entry {
+                self.logs.growth_for_entry()
             } else {
                 0
             };
@@ -661,7 +662,7 @@ impl Shard {
                     Need {
                         slot: true,
                         log: false,
-                        block: false,
+                        entry: false,
                     },
                     None,
                 );
@@ -700,7 +701,7 @@ impl Shard {
     ) -> (window::Verdict, Option<u64>) {
         let log = self.log_of(id);
         if let Some(log) = log {
-            // Pruning only gives blocks back to the shard; the pages held do not change.
+            // Pruning only gives nodes back to the shard; the pages held do not change.
             self.logs.prune(log, window_ms, now_ms);
         }
         let logs = &self.logs;
@@ -745,30 +746,26 @@ impl Shard {
         entry: LogEntry,
     ) {
         let mut stored = stored;
-        if let Some(log) = stored
-            && self.logs.needs_block(log)
-            && !self.logs.has_free_block()
-        {
+        if stored.is_some() && !self.logs.has_room_for_entry() {
             let need = Need {
                 slot: false,
                 log: false,
-                block: true,
+                entry: true,
             };
-            // Room for a page means the page is taken; a free block needs nothing more.
-            if self.make_room(now_ms, need, Some(id)) && !self.logs.has_free_block() {
-                self.logs.grow_blocks();
+            // Room for a page means the page is taken; a free node needs nothing more.
+            if self.make_room(now_ms, need, Some(id)) && !self.logs.has_room_for_entry() {
+                self.logs.grow();
             }
             // Making room may have swept this log away (it had expired: a refused hit can leave
             // an empty log behind), or moved it; it is looked up again.
             stored = self.log_of(id);
             if let Some(log) = stored
-                && self.logs.needs_block(log)
-                && !self.logs.has_free_block()
+                && !self.logs.has_room_for_entry()
             {
                 // Nothing else in this shard could be evicted: keep the log's size by merging
-                // its oldest entries. A log too short to merge never gets here: it would leave
-                // most of the shard's first page free.
-                self.logs.merge_to_fit(log);
+                // its two oldest entries. A log too short to merge never gets here: it would
+                // leave most of the shard's first page free.
+                self.logs.merge_oldest(log);
             }
         }
         if let Some(log) = stored {
@@ -778,12 +775,12 @@ impl Shard {
         let need = Need {
             slot: true,
             log: true,
-            block: true,
+            entry: true,
         };
         // A minimum budget always leaves room for one log once the others are evicted; if it
         // did not, the page is added anyway rather than lose the hit.
-        if self.make_room(now_ms, need, None) && !self.logs.has_free_block() {
-            self.logs.grow_blocks();
+        if self.make_room(now_ms, need, None) && !self.logs.has_room_for_entry() {
+            self.logs.grow();
         }
         let log = self.logs.create();
         self.insert(Slot {
@@ -798,8 +795,7 @@ impl Shard {
     fn push(&mut self, id: Id, log: LogId, window_ms: u64, entry: LogEntry) {
         // Losing the entry would admit more than the limit: if there is no room even so, a page
         // is added past the budget.
-        let stored =
-            self.logs.push(log, entry) || (self.logs.grow_blocks() && self.logs.push(log, entry));
+        let stored = self.logs.push(log, entry) || (self.logs.grow() && self.logs.push(log, entry));
         if !stored {
             return;
         }
