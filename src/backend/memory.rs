@@ -393,6 +393,27 @@ struct Need {
     entry: bool,
 }
 
+impl Need {
+    /// A new counter: its slot.
+    const COUNTER: Need = Need {
+        slot: true,
+        log: false,
+        entry: false,
+    };
+    /// A new log: its slot, its header and its first entry.
+    const LOG: Need = Need {
+        slot: true,
+        log: true,
+        entry: true,
+    };
+    /// One more entry of a stored log.
+    const ENTRY: Need = Need {
+        slot: false,
+        log: false,
+        entry: true,
+    };
+}
+
 /// One lock's worth of windows.
 struct Shard {
     slots: HashTable<Slot>,
@@ -657,15 +678,7 @@ impl Shard {
             }
             None => {
                 // A minimum budget always leaves room for one slot once the others are evicted.
-                self.make_room(
-                    now_ms,
-                    Need {
-                        slot: true,
-                        log: false,
-                        entry: false,
-                    },
-                    None,
-                );
+                self.make_room(now_ms, Need::COUNTER, None);
                 self.insert(Slot {
                     id,
                     expires_ms,
@@ -747,13 +760,8 @@ impl Shard {
     ) {
         let mut stored = stored;
         if stored.is_some() && !self.logs.has_room_for_entry() {
-            let need = Need {
-                slot: false,
-                log: false,
-                entry: true,
-            };
             // Room for a page means the page is taken; a free node needs nothing more.
-            if self.make_room(now_ms, need, Some(id)) && !self.logs.has_room_for_entry() {
+            if self.make_room(now_ms, Need::ENTRY, Some(id)) && !self.logs.has_room_for_entry() {
                 self.logs.grow();
             }
             // Making room may have swept this log away (it had expired: a refused hit can leave
@@ -772,14 +780,9 @@ impl Shard {
             self.push(id, log, window_ms, entry);
             return;
         }
-        let need = Need {
-            slot: true,
-            log: true,
-            entry: true,
-        };
         // A minimum budget always leaves room for one log once the others are evicted; if it
         // did not, the page is added anyway rather than lose the hit.
-        if self.make_room(now_ms, need, None) && !self.logs.has_room_for_entry() {
+        if self.make_room(now_ms, Need::LOG, None) && !self.logs.has_room_for_entry() {
             self.logs.grow();
         }
         let log = self.logs.create();

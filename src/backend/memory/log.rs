@@ -182,7 +182,7 @@ impl Nodes {
         let in_use = self.in_use();
         let mut keep = 0;
         let mut kept_capacity = 0;
-        while kept_capacity < in_use {
+        while kept_capacity < in_use && keep < self.pages.len() {
             kept_capacity += self.pages[keep].len();
             keep += 1;
         }
@@ -521,7 +521,8 @@ impl Logs {
     /// free, moving what lives in them to the front. `handles` must be every live log's id; they
     /// are updated where a header moves.
     pub(super) fn compact<'a>(&mut self, handles: impl Iterator<Item = &'a mut LogId>) {
-        if self.live * 4 <= self.headers.len() {
+        // Only then are the handles walked: a shard of counters alone never walks its table here.
+        if !self.headers.is_empty() && self.live * 4 <= self.headers.len() {
             self.compact_headers(handles);
         }
         if self.nodes.worth_compacting() {
