@@ -753,12 +753,11 @@ impl Shard {
     fn append(
         &mut self,
         id: Id,
-        stored: Option<LogId>,
+        mut stored: Option<LogId>,
         window_ms: u64,
         now_ms: u64,
         entry: LogEntry,
     ) {
-        let mut stored = stored;
         if stored.is_some() && !self.logs.has_room_for_entry() {
             // Room for a page means the page is taken; a free node needs nothing more.
             if self.make_room(now_ms, Need::ENTRY, Some(id)) && !self.logs.has_room_for_entry() {
