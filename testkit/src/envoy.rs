@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::net::{Reply, agent, free_addr, send};
+use super::net::{Reply, agent, free_addrs, send};
 use super::tools::envoy_bin;
 
 /// How long Envoy may take to report LIVE on a busy machine.
@@ -275,7 +275,7 @@ impl Envoy {
         let dir = tempfile::tempdir().expect("create a temporary directory");
         let mut last_log = String::new();
         for attempt in 1..=START_ATTEMPTS {
-            let (admin, edge, spare) = (free_addr(), free_addr(), free_addr());
+            let [admin, edge, spare] = free_addrs();
             let bootstrap_path = dir.path().join(format!("envoy-{attempt}.yaml"));
             std::fs::write(&bootstrap_path, render(admin, edge, spare))
                 .expect("write the Envoy bootstrap");

@@ -9,10 +9,23 @@ use std::time::Duration;
 /// The port is released before the caller binds it, so another process may take it in between;
 /// the harnesses that use it restart their server on fresh ports when it fails to bind.
 pub fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-    listener
-        .local_addr()
-        .expect("local address of a bound listener")
+    let [addr] = free_addrs();
+    addr
+}
+
+/// `N` distinct `127.0.0.1` addresses whose ports were free a moment ago: one server's several
+/// listeners. Every probe listener stays bound until all `N` are chosen, because the kernel may
+/// hand a just-released port out again at once, and two listeners of one server on the same
+/// port fail its start for good rather than for a retry.
+pub fn free_addrs<const N: usize>() -> [SocketAddr; N] {
+    let listeners: [TcpListener; N] = std::array::from_fn(|_| {
+        TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port")
+    });
+    listeners.map(|listener| {
+        listener
+            .local_addr()
+            .expect("local address of a bound listener")
+    })
 }
 
 /// A `127.0.0.1` address where nothing listens, so connecting is refused at once: port 1, which

@@ -162,8 +162,7 @@ impl LimitadorProcess {
         redis_url: &str,
         limits: &Path,
     ) -> anyhow::Result<LimitadorProcess> {
-        let addr = tollgate_testkit::net::free_addr();
-        let http = tollgate_testkit::net::free_addr();
+        let [addr, http] = tollgate_testkit::net::free_addrs();
         let log = dir.join(format!("limitador-{storage}.log"));
         let out =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
