@@ -337,6 +337,23 @@ impl<'a> Stand<'a> {
         Ok(self.nodes.cpu_seconds()?.values().sum())
     }
 
+    /// `--worker-threads` for a tollgate that [`Stand::split_cpus`] will hold to CPU 0: one
+    /// worker, as tollgate sizes its runtime when it starts on one CPU. Moved there with a
+    /// runtime sized to the whole machine, it would keep two workers taking turns on one core,
+    /// which lengthens its tail for no gain. Nothing on a machine with one CPU, where nothing
+    /// is split.
+    pub fn split_workers() -> Vec<String> {
+        worker_threads((crate::proc::online_cpus() >= 2).then_some(1))
+    }
+
+    /// `--worker-threads` for a tollgate that [`Stand::isolate_redis`] will hold to every CPU
+    /// but the last: one worker per CPU it keeps, as it would size its runtime started there.
+    /// Nothing on a machine with one CPU, where nothing is moved.
+    pub fn isolated_redis_workers() -> Vec<String> {
+        let cpus = crate::proc::online_cpus();
+        worker_threads((cpus >= 2).then(|| cpus - 1))
+    }
+
     /// Gives the load generator CPUs of its own: tollgate and every Redis process behind it
     /// run on CPU 0, this process (the generator) on the others, until the guard is dropped.
     /// `None` on a machine with one CPU. Sharing cores, a generator sending more than the
@@ -385,6 +402,13 @@ impl Nodes<'_> {
         let pids = self.all.iter().filter_map(|node| node.pid()).collect();
         crate::proc::Throttle::start(pids, share, std::time::Duration::from_millis(5))
     }
+}
+
+/// The `--worker-threads` arguments for `workers`, or none (the CPUs tollgate starts on decide).
+fn worker_threads(workers: Option<usize>) -> Vec<String> {
+    workers
+        .map(|workers| vec!["--worker-threads".to_owned(), workers.to_string()])
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

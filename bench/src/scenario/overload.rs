@@ -125,12 +125,13 @@ impl Scenario for Overload {
         bench.servers.ensure(backend);
         let shape = uniform_shape(vec![KEY.to_owned()], 10_000);
         for &bound in &options.bounds {
-            let extra = [
+            let mut extra = vec![
                 "--backend-timeout".to_owned(),
                 "50ms".to_owned(),
                 "--max-in-flight".to_owned(),
                 bound.to_string(),
             ];
+            extra.extend(Stand::split_workers());
             let stand = Stand::start_with(&bench.servers, backend, &policy, "deny", &extra)?;
             // The generator must be able to send twice what the server answers; on shared
             // cores it would fall behind, and its own backlog would show as tollgate's latency.
@@ -224,8 +225,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          10,000 keys, under a limit no load reaches (`--failure-mode deny`, so a decision that \
          missed its deadline shows as *late*). Redis is held to {:.0}% of a CPU (stopped and \
          resumed in 5 ms cycles), a slow backend: what saturates is the backend, the case where \
-         decisions queue inside tollgate. tollgate and Redis share CPU 0; the load \
-         generator runs on the other CPUs, so that it can send more than they answer. Per run: \
+         decisions queue inside tollgate. tollgate (one worker) and Redis share CPU 0; the \
+         load generator runs on the other CPUs, so that it can send more than they answer. Per run: \
          the saturation rate closed loop, then {}× that rate open loop (*asked*) with up to \
          many calls in flight; *sent* falls short of it when the generator itself cannot keep \
          up, and latency counts from each call's scheduled time. *Refused*: calls answered at \

@@ -144,7 +144,8 @@ impl Scenario for RedisBound {
         bench.servers.ensure(Backend::Redis);
         // Calls wait for Redis's next running slice, so the production deadline would turn the
         // queue this scenario builds on purpose into failures; what it measures is throughput.
-        let extra = ["--backend-timeout".to_owned(), "2s".to_owned()];
+        let mut extra = vec!["--backend-timeout".to_owned(), "2s".to_owned()];
+        extra.extend(Stand::isolated_redis_workers());
         let stand = Stand::start_with(
             &bench.servers,
             Backend::Redis,
@@ -285,7 +286,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          and Redis sets the rate. The same script on keys \
          of the same shape ({} values drawn uniformly, under a limit no load reaches), {} calls \
          in flight: redis-benchmark with one connection per call, tollgate with its \
-         one multiplexed connection and one descriptor a request; each run measures every row \
+         one multiplexed connection, one descriptor a request and a worker per CPU it runs on; each run measures every row \
          one after the other, rotating which goes first. A tollgate call is one decision. Redis \
          CPU: redis-server's process time (from its `INFO cpu`) over the script calls it served \
          (from `INFO commandstats`).\n",
