@@ -227,7 +227,7 @@ fn run_one(scale: &ScaleArgs, scenario: &dyn Scenario) -> anyhow::Result<()> {
     if let Some(reason) = scenario.unavailable() {
         anyhow::bail!("cannot run {}: {reason}", scenario.name().name());
     }
-    let mut bench = Bench::new(scale.scale(), &scale.results_dir())?;
+    let mut bench = Bench::new(scale.scale(), &scale.by_hand_results_dir())?;
     let records = bench.run(scenario)?;
     print!("{}", scenario.render(&records)?);
     Ok(())

@@ -186,7 +186,7 @@ pub struct ScaleArgs {
 
     /// Where the results go as JSON lines, one file per scenario (`matrix.jsonl`, ...)
     /// [default: target/bench, or target/bench/quick with --quick, so smoke results never mix
-    /// with real ones].
+    /// with real ones; a scenario run on its own adds `by-hand` to either].
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
 }
@@ -198,6 +198,16 @@ impl ScaleArgs {
             let dir = tollgate_testkit::tools::manifest_dir().join("target/bench");
             if self.quick { dir.join("quick") } else { dir }
         })
+    }
+
+    /// Where a scenario run on its own puts its results unless told: apart from the report's,
+    /// because its options (shards, concurrency, scale) may differ from those the report is
+    /// written for, and `report --render-only` would otherwise publish them.
+    pub fn by_hand_results_dir(&self) -> PathBuf {
+        match &self.results_dir {
+            Some(dir) => dir.clone(),
+            None => self.results_dir().join("by-hand"),
+        }
     }
 }
 
@@ -626,6 +636,31 @@ mod tests {
         for name in ScenarioName::ALL {
             assert_eq!(scenario(name).name(), name);
         }
+    }
+
+    #[test]
+    fn a_scenario_run_by_hand_keeps_its_results_apart_from_the_reports() {
+        let args = |quick, results_dir: Option<&str>| ScaleArgs {
+            runs: None,
+            duration: None,
+            warmup: None,
+            quick,
+            results_dir: results_dir.map(PathBuf::from),
+        };
+        let bench = tollgate_testkit::tools::manifest_dir().join("target/bench");
+        assert_eq!(args(false, None).results_dir(), bench);
+        assert_eq!(
+            args(false, None).by_hand_results_dir(),
+            bench.join("by-hand")
+        );
+        assert_eq!(
+            args(true, None).by_hand_results_dir(),
+            bench.join("quick/by-hand")
+        );
+        // A directory named on the command line is used as it is, by hand or not.
+        let named = args(false, Some("/tmp/shards-16"));
+        assert_eq!(named.by_hand_results_dir(), PathBuf::from("/tmp/shards-16"));
+        assert_eq!(named.results_dir(), PathBuf::from("/tmp/shards-16"));
     }
 
     #[test]
