@@ -226,8 +226,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          missed its deadline shows as *late*). Redis is held to {:.0}% of a CPU (stopped and \
          resumed in 5 ms cycles), a slow backend: what saturates is the backend, the case where \
          decisions queue inside tollgate. tollgate (one worker) and Redis share CPU 0; the \
-         load generator runs on the other CPUs, so that it can send more than they answer. Per run: \
-         the saturation rate closed loop, then {}× that rate open loop (*asked*) with up to \
+         load generator runs on the other CPUs, so that it can send more than they answer. Per \
+         run: the saturation rate closed loop, then {}× that rate open loop (*asked*) with up to \
          many calls in flight; *sent* falls short of it when the generator itself cannot keep \
          up, and latency counts from each call's scheduled time. *Refused*: calls answered at \
          once with `RESOURCE_EXHAUSTED` past the bound; latency is of the answered decisions; \

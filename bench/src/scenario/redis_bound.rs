@@ -283,11 +283,11 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         out,
         "{} One redis-server on a CPU of its own, held to {} of it (stopped and resumed in 5 ms \
          cycles), with the clients on the other CPUs, so that both clients have time to spare \
-         and Redis sets the rate. The same script on keys \
-         of the same shape ({} values drawn uniformly, under a limit no load reaches), {} calls \
-         in flight: redis-benchmark with one connection per call, tollgate with its \
-         one multiplexed connection, one descriptor a request and a worker per CPU it runs on; each run measures every row \
-         one after the other, rotating which goes first. A tollgate call is one decision. Redis \
+         and Redis sets the rate. The same script on keys of the same shape ({} values drawn \
+         uniformly, under a limit no load reaches), {} calls in flight: redis-benchmark with one \
+         connection per call, tollgate with its one multiplexed connection, one descriptor a \
+         request and a worker per CPU it runs on; each run measures every row one after the \
+         other, rotating which goes first. A tollgate call is one decision. Redis \
          CPU: redis-server's process time (from its `INFO cpu`) over the script calls it served \
          (from `INFO commandstats`).\n",
         measured(&conditions),
