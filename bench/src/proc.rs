@@ -82,19 +82,110 @@ impl Drop for Pinned {
     }
 }
 
-/// Gives the load generator (this process) CPUs of its own: `servers` run on CPU 0, the
-/// generator on the others, until the guard is dropped. `None` on a machine with one CPU.
-pub fn generator_apart(servers: &[u32]) -> anyhow::Result<Option<Pinned>> {
-    let cpus = online_cpus();
-    if cpus < 2 {
-        return Ok(None);
+/// How a scenario shares the machine's CPUs between the servers it measures (tollgate, an empty
+/// server), the Redis processes behind them and the load generator (this process).
+///
+/// A server sizes its runtime by the CPUs it may use when it starts (a worker per CPU), as a
+/// sidecar held to fewer CPUs would. Moved onto fewer CPUs after it starts, it would keep a
+/// worker per CPU of the machine, taking turns on the cores it has, which lengthens its tail for
+/// no gain. So servers are started on their CPUs ([`Layout::start_servers`]) and only then is
+/// everything else moved ([`Layout::apply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Servers and Redis on CPU 0, the generator on the others. Sharing cores, a generator
+    /// sending more than a server answers competes with it for the same CPU, and its own
+    /// backlog then shows as latency of the server's answers.
+    GeneratorApart,
+    /// Redis on the last CPU, the servers and the generator on the others. A Redis held to a
+    /// share of a CPU then gets that share whenever it may run, instead of waiting for a core
+    /// while its clients work through the replies it just sent.
+    RedisApart,
+}
+
+/// The CPUs each party runs on under a [`Layout`], by index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    /// The measured servers'.
+    pub servers: std::ops::Range<usize>,
+    /// The Redis processes'.
+    pub redis: std::ops::Range<usize>,
+    /// The load generator's (this process).
+    pub generator: std::ops::Range<usize>,
+}
+
+impl Layout {
+    /// Each party's CPUs on a machine of `cpus` CPUs; `None` with one CPU, where nothing is
+    /// split and everything runs where it was started.
+    pub fn split(self, cpus: usize) -> Option<Split> {
+        if cpus < 2 {
+            return None;
+        }
+        Some(match self {
+            Layout::GeneratorApart => Split {
+                servers: 0..1,
+                redis: 0..1,
+                generator: 1..cpus,
+            },
+            Layout::RedisApart => Split {
+                servers: 0..cpus - 1,
+                redis: cpus - 1..cpus,
+                generator: 0..cpus - 1,
+            },
+        })
     }
-    let pinned = Pinned::new(cpus, servers.iter().copied().chain([0]));
-    for &server in servers {
-        pin(server, 0..1)?;
+
+    /// Runs `start` with this process held to the servers' CPUs, so that every process it
+    /// starts is born on them and sizes its runtime to them; then gives this process every CPU
+    /// back.
+    pub fn start_servers<T>(self, start: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        born_on(self.split(online_cpus()).map(|split| split.servers), start)
     }
-    pin(0, 1..cpus)?;
-    Ok(Some(pinned))
+
+    /// Runs `start` with this process held to the generator's CPUs, so that the threads it
+    /// makes (a load generator's runtime) are sized to them; then gives this process every CPU
+    /// back.
+    pub fn start_generator<T>(
+        self,
+        start: impl FnOnce() -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        born_on(
+            self.split(online_cpus()).map(|split| split.generator),
+            start,
+        )
+    }
+
+    /// Moves `servers`, `redis` and this process onto their CPUs until the guard is dropped.
+    /// `None` on a machine with one CPU.
+    pub fn apply(self, servers: &[u32], redis: &[u32]) -> anyhow::Result<Option<Pinned>> {
+        let cpus = online_cpus();
+        let Some(split) = self.split(cpus) else {
+            return Ok(None);
+        };
+        // The guard exists before the first pin, so a failure part way still undoes them all.
+        let pinned = Pinned::new(cpus, servers.iter().chain(redis).copied().chain([0]));
+        for &server in servers {
+            pin(server, split.servers.clone())?;
+        }
+        for &node in redis {
+            pin(node, split.redis.clone())?;
+        }
+        pin(0, split.generator)?;
+        Ok(Some(pinned))
+    }
+}
+
+/// Runs `start` with this process held to `cpus` (children and threads inherit the CPUs of the
+/// thread that makes them), then gives it every CPU back; with no CPUs given, as it is.
+fn born_on<T>(
+    cpus: Option<std::ops::Range<usize>>,
+    start: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let Some(cpus) = cpus else {
+        return start();
+    };
+    let _born = Pinned::new(online_cpus(), [0]);
+    pin(0, cpus)?;
+    start()
 }
 
 /// Restricts every thread of process `pid` (0: this process) to `cpus`; threads it starts later
@@ -253,6 +344,28 @@ impl Drop for OwnedChild {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layout_gives_each_party_its_cpus_and_splits_nothing_on_one_cpu() {
+        assert_eq!(Layout::GeneratorApart.split(1), None);
+        assert_eq!(Layout::RedisApart.split(1), None);
+        assert_eq!(
+            Layout::GeneratorApart.split(4),
+            Some(Split {
+                servers: 0..1,
+                redis: 0..1,
+                generator: 1..4,
+            })
+        );
+        assert_eq!(
+            Layout::RedisApart.split(2),
+            Some(Split {
+                servers: 0..1,
+                redis: 1..2,
+                generator: 0..1,
+            })
+        );
+    }
 
     #[test]
     fn stat_cpu_fields_are_found_after_the_name() {

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use tollgate_testkit::redis::{RedisCluster, RedisServer};
 use tollgate_testkit::tollgate::Tollgate;
 
+use crate::proc::{Layout, Pinned};
+
 /// The key prefix tollgate is started with, and that the `redis-benchmark` ceilings write under.
 pub const KEY_PREFIX: &str = "tollgate:";
 
@@ -244,6 +246,8 @@ pub fn script_calls(stats: &BTreeMap<String, CommandStat>) -> u64 {
 
 /// tollgate serving one policy on one backend, and the Redis processes behind it.
 pub struct Stand<'a> {
+    /// Holds tollgate, Redis and the generator on the CPUs of a [`Layout`], if one was asked.
+    _layout: Option<Pinned>,
     /// The tollgate process.
     pub tollgate: Tollgate,
     /// The Redis processes behind it.
@@ -304,7 +308,11 @@ impl<'a> Stand<'a> {
             builder = builder.env(name, value);
         }
         let tollgate = builder.start();
-        Ok(Stand { tollgate, nodes })
+        Ok(Stand {
+            _layout: None,
+            tollgate,
+            nodes,
+        })
     }
 
     /// The gRPC address to send load to.
@@ -337,60 +345,27 @@ impl<'a> Stand<'a> {
         Ok(self.nodes.cpu_seconds()?.values().sum())
     }
 
-    /// `--worker-threads` for a tollgate that [`Stand::split_cpus`] will hold to CPU 0: one
-    /// worker, as tollgate sizes its runtime when it starts on one CPU. Moved there with a
-    /// runtime sized to the whole machine, it would keep two workers taking turns on one core,
-    /// which lengthens its tail for no gain. Nothing on a machine with one CPU, where nothing
-    /// is split.
-    pub fn split_workers() -> Vec<String> {
-        worker_threads((crate::proc::online_cpus() >= 2).then_some(1))
-    }
-
-    /// `--worker-threads` for a tollgate that [`Stand::isolate_redis`] will hold to every CPU
-    /// but the last: one worker per CPU it keeps, as it would size its runtime started there.
-    /// Nothing on a machine with one CPU, where nothing is moved.
-    pub fn isolated_redis_workers() -> Vec<String> {
-        let cpus = crate::proc::online_cpus();
-        worker_threads((cpus >= 2).then(|| cpus - 1))
-    }
-
-    /// Gives the load generator CPUs of its own: tollgate and every Redis process behind it
-    /// run on CPU 0, this process (the generator) on the others, until the guard is dropped.
-    /// `None` on a machine with one CPU. Sharing cores, a generator sending more than the
-    /// server can answer competes with it for the same CPU, and its own backlog then shows as
-    /// latency of the server's answers.
-    pub fn split_cpus(&self) -> anyhow::Result<Option<crate::proc::Pinned>> {
-        let servers: Vec<u32> = std::iter::once(self.tollgate_pid()?)
-            .chain(self.nodes.all.iter().filter_map(|node| node.pid()))
-            .collect();
-        crate::proc::generator_apart(&servers)
-    }
-
-    /// Gives Redis a CPU of its own: every Redis process behind this stand runs on the last
-    /// CPU, tollgate and this process (the generator, and the clients it starts) on the others,
-    /// until the guard is dropped. `None` on a machine with one CPU. A Redis held to a share of a
-    /// CPU then gets that share whenever it may run, instead of waiting for a core while its
-    /// clients work through the replies it just sent.
-    pub fn isolate_redis(&self) -> anyhow::Result<Option<crate::proc::Pinned>> {
-        let cpus = crate::proc::online_cpus();
-        if cpus < 2 {
-            return Ok(None);
-        }
-        let tollgate = self.tollgate_pid()?;
-        let redis: Vec<u32> = self
+    /// [`Stand::start_with`] under `layout`: tollgate is started on the servers' CPUs, so it
+    /// sizes its runtime to them, then Redis and this process (the generator) are moved onto
+    /// theirs. They stay there until the stand is dropped.
+    pub fn start_laid_out(
+        servers: &'a Servers,
+        backend: Backend,
+        policy: &str,
+        failure_mode: &str,
+        extra: &[String],
+        layout: Layout,
+    ) -> anyhow::Result<Self> {
+        let mut stand = layout
+            .start_servers(|| Stand::start_with(servers, backend, policy, failure_mode, extra))?;
+        let redis: Vec<u32> = stand
             .nodes
             .all
             .iter()
             .filter_map(|node| node.pid())
             .collect();
-        // The guard exists before the first pin, so a failure part way still undoes them all.
-        let apart = crate::proc::Pinned::new(cpus, redis.iter().copied().chain([tollgate, 0]));
-        for &pid in &redis {
-            crate::proc::pin(pid, cpus - 1..cpus)?;
-        }
-        crate::proc::pin(tollgate, 0..cpus - 1)?;
-        crate::proc::pin(0, 0..cpus - 1)?;
-        Ok(Some(apart))
+        stand._layout = layout.apply(&[stand.tollgate_pid()?], &redis)?;
+        Ok(stand)
     }
 }
 
@@ -402,13 +377,6 @@ impl Nodes<'_> {
         let pids = self.all.iter().filter_map(|node| node.pid()).collect();
         crate::proc::Throttle::start(pids, share, std::time::Duration::from_millis(5))
     }
-}
-
-/// The `--worker-threads` arguments for `workers`, or none (the CPUs tollgate starts on decide).
-fn worker_threads(workers: Option<usize>) -> Vec<String> {
-    workers
-        .map(|workers| vec!["--worker-threads".to_owned(), workers.to_string()])
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

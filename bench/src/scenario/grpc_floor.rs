@@ -25,7 +25,7 @@ use crate::doc::{
     Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
 };
 use crate::load::summary::Summary;
-use crate::proc::OwnedChild;
+use crate::proc::{Layout, OwnedChild};
 use crate::scenario::{
     Algorithm, Bench, Connections, Loader, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
     conditions_of, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
@@ -200,31 +200,24 @@ impl<'a> Pair<'a> {
     }
 }
 
-/// A second pair of servers, born on CPU 0, and a generator of its own, made on the other CPUs.
-///
-/// A process sizes its runtime by the CPUs it may use when it starts (one worker per CPU), as a
-/// sidecar limited to one CPU would: servers moved onto one CPU after starting would keep a
-/// worker per CPU of the machine, taking turns on the one they have, and so would the generator.
+/// A second pair of servers, born on CPU 0, and a generator of its own, made on the other CPUs
+/// ([`Layout::GeneratorApart`]): each process sizes its runtime to the CPUs it will keep, as a
+/// sidecar limited to one CPU would.
 struct Apart<'a> {
     pair: Pair<'a>,
     loader: Loader,
 }
 
 impl<'a> Apart<'a> {
-    fn start(
-        servers: &'a Servers,
-        policy: &str,
-        connections: u32,
-        cpus: usize,
-    ) -> anyhow::Result<Apart<'a>> {
-        // Children inherit the CPUs of the thread that starts them.
-        let born = crate::proc::Pinned::new(cpus, [0]);
-        crate::proc::pin(0, 0..1)?;
-        let tollgate = Stand::start(servers, Backend::Memory, policy, "deny")?;
-        let empty = EmptyProcess::start()?;
-        crate::proc::pin(0, 1..cpus)?;
-        let loader = Loader::new()?;
-        drop(born);
+    fn start(servers: &'a Servers, policy: &str, connections: u32) -> anyhow::Result<Apart<'a>> {
+        let layout = Layout::GeneratorApart;
+        let (tollgate, empty) = layout.start_servers(|| {
+            Ok((
+                Stand::start(servers, Backend::Memory, policy, "deny")?,
+                EmptyProcess::start()?,
+            ))
+        })?;
+        let loader = layout.start_generator(Loader::new)?;
         let pair = Pair::connect(tollgate, empty, &loader, connections)?;
         Ok(Apart { pair, loader })
     }
@@ -246,7 +239,7 @@ impl Scenario for GrpcFloor {
         // A machine with one CPU has nothing to set apart.
         let apart = match crate::proc::online_cpus() {
             0..=1 => None,
-            cpus => Some(Apart::start(servers, &policy, options.connections, cpus)?),
+            _ => Some(Apart::start(servers, &policy, options.connections)?),
         };
         let shape = uniform_shape(vec![KEY.to_owned()], options.keys);
         let phase = |rate, duration| Phase {
@@ -318,7 +311,7 @@ impl Scenario for GrpcFloor {
             }
             for (pair, loader, is_apart) in placements {
                 let _pinned = match is_apart {
-                    true => crate::proc::generator_apart(&pair.pids()?)?,
+                    true => Layout::GeneratorApart.apply(&pair.pids()?, &[])?,
                     false => None,
                 };
                 let mut tollgate_peak = 0.0;

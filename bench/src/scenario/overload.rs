@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use crate::doc::{Align, Table, count, measured, median, ms};
 use crate::load::summary::Summary;
+use crate::proc::Layout;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
     policy, runs_of, say, uniform_shape,
@@ -125,17 +126,22 @@ impl Scenario for Overload {
         bench.servers.ensure(backend);
         let shape = uniform_shape(vec![KEY.to_owned()], 10_000);
         for &bound in &options.bounds {
-            let mut extra = vec![
+            let extra = [
                 "--backend-timeout".to_owned(),
                 "50ms".to_owned(),
                 "--max-in-flight".to_owned(),
                 bound.to_string(),
             ];
-            extra.extend(Stand::split_workers());
-            let stand = Stand::start_with(&bench.servers, backend, &policy, "deny", &extra)?;
             // The generator must be able to send twice what the server answers; on shared
             // cores it would fall behind, and its own backlog would show as tollgate's latency.
-            let _split = stand.split_cpus()?;
+            let stand = Stand::start_laid_out(
+                &bench.servers,
+                backend,
+                &policy,
+                "deny",
+                &extra,
+                Layout::GeneratorApart,
+            )?;
             let connections = bench
                 .loader
                 .connect(&[stand.grpc_addr()], options.connections)?;

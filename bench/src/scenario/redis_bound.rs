@@ -4,7 +4,7 @@
 //! In the matrix every process shares two cores, so tollgate's peak is where its gRPC side, the
 //! load generator's and Redis together fill them, and its ratio to redis-benchmark (a small C
 //! client) says more about gRPC than about how tollgate uses Redis. Here the one redis-server is
-//! held to a share of a CPU of its own ([`crate::proc::Throttle`], [`Stand::isolate_redis`]),
+//! held to a share of a CPU of its own ([`crate::proc::Throttle`], [`Layout::RedisApart`]),
 //! low enough that the clients keep it busy with time to spare on the other cores, so both
 //! clients run at the rate Redis can serve them: what is
 //! compared is how much of Redis each call takes and whether the client keeps Redis fed. Both
@@ -23,6 +23,7 @@ use crate::ceiling::Ceiling;
 use crate::doc::{
     Align, Table, count, count_range, fixed, measured, median, percent, range, times_by_run,
 };
+use crate::proc::Layout;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
     micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
@@ -144,24 +145,23 @@ impl Scenario for RedisBound {
         bench.servers.ensure(Backend::Redis);
         // Calls wait for Redis's next running slice, so the production deadline would turn the
         // queue this scenario builds on purpose into failures; what it measures is throughput.
-        let mut extra = vec!["--backend-timeout".to_owned(), "2s".to_owned()];
-        extra.extend(Stand::isolated_redis_workers());
-        let stand = Stand::start_with(
+        let extra = ["--backend-timeout".to_owned(), "2s".to_owned()];
+        // Redis's share is of wall-clock time: on a core it shared with tollgate and the
+        // generator, the replies of each slice would wake them all inside Redis's next slice and
+        // take its CPU, and the comparison would again be of the clients' CPU, not Redis's.
+        let stand = Stand::start_laid_out(
             &bench.servers,
             Backend::Redis,
             &policy(&limits),
             "deny",
             &extra,
+            Layout::RedisApart,
         )?;
         let connections = bench
             .loader
             .connect(&[stand.grpc_addr()], options.connections)?;
         let nodes = &stand.nodes;
         nodes.flush();
-        // Redis's share is of wall-clock time: on a core it shared with tollgate and the
-        // generator, the replies of each slice would wake them all inside Redis's next slice and
-        // take its CPU, and the comparison would again be of the clients' CPU, not Redis's.
-        let _apart = stand.isolate_redis()?;
         let _slow = nodes.throttle(options.redis_share);
 
         // Per algorithm: the ceiling's script loaded and its run sized, then a warmup of both.
