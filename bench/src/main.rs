@@ -2,10 +2,10 @@
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
 //! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`,
-//! `grpc-floor`, `limitador`, `connections`, `redis-bound`) start what they need (tollgate as a process, Redis and a Redis
-//! Cluster through the testkit, redis-benchmark for the ceilings, an empty RLS server, a
-//! limitador-server the operator built), measure, keep every run
-//! as a JSON line in `target/bench/`, and print their report section; `report` runs several of
+//! `grpc-floor`, `limitador`, `connections`, `redis-bound`, `workers`) start what they need
+//! (tollgate as a process, Redis and a Redis Cluster through the testkit, redis-benchmark for
+//! the ceilings, an empty RLS server, a limitador-server the operator built), measure, keep
+//! every run as a JSON line in `target/bench/`, and print their report section; `report` runs several of
 //! them and writes `docs/performance.md`. See `tollgate-bench --help`.
 
 mod ceiling;
@@ -37,6 +37,7 @@ use crate::scenario::memory::{Memory, MemoryOptions};
 use crate::scenario::overload::{Overload, OverloadOptions};
 use crate::scenario::redis_bound::{RedisBound, RedisBoundOptions};
 use crate::scenario::redis_cpu::{RedisCpu, RedisCpuOptions};
+use crate::scenario::workers::{WorkersOptions, WorkersScenario};
 use crate::scenario::{Bench, ScaleArgs, Scenario};
 
 /// tollgate's benchmarks: a load generator for any RLS v3 server, and scenarios that start
@@ -182,6 +183,17 @@ enum Command {
         options: RedisBoundOptions,
     },
 
+    /// How tollgate's workers should be laid out when its decisions go to Redis: a worker per
+    /// CPU (the default), one worker, and a process per CPU with one worker each, on the same
+    /// server, interleaved runs, closed loop and at a steady rate; throughput, latency, CPU per
+    /// decision of tollgate and Redis, and context switches per decision.
+    Workers {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: WorkersOptions,
+    },
+
     /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
     /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
     EmptyServer(empty::EmptyServerArgs),
@@ -217,6 +229,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Limitador { scale, options } => run_one(&scale, &Limitador::new(options)),
         Command::Connections { scale, options } => run_one(&scale, &Connections::new(options)),
         Command::RedisBound { scale, options } => run_one(&scale, &RedisBound::new(options)),
+        Command::Workers { scale, options } => run_one(&scale, &WorkersScenario::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
     }

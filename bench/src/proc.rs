@@ -24,6 +24,35 @@ pub fn own_cpu_seconds() -> anyhow::Result<f64> {
     Ok(seconds(usage.ru_utime) + seconds(usage.ru_stime))
 }
 
+/// Context switches, voluntary and not, of every living thread of process `pid` so far: each
+/// time a thread gave up its CPU (parked, waited) or was made to.
+pub fn context_switches(pid: u32) -> anyhow::Result<u64> {
+    let tasks = format!("/proc/{pid}/task");
+    let mut total = 0;
+    for entry in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let path = entry?.path().join("status");
+        // A thread that ended since the directory was read counts no more.
+        let Ok(status) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        total += parse_context_switches(&status)
+            .with_context(|| format!("parsing {}", path.display()))?;
+    }
+    Ok(total)
+}
+
+/// The voluntary and involuntary context switches a `/proc/<pid>/task/<tid>/status` counts.
+fn parse_context_switches(status: &str) -> anyhow::Result<u64> {
+    let field = |name: &str| -> anyhow::Result<u64> {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|value| value.trim().parse().ok())
+            .ok_or_else(|| anyhow!("no {name}"))
+    };
+    Ok(field("voluntary_ctxt_switches:")? + field("nonvoluntary_ctxt_switches:")?)
+}
+
 /// The resident set size of process `pid` (`VmRSS`), in bytes.
 pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");
@@ -344,6 +373,16 @@ impl Drop for OwnedChild {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn context_switches_are_voluntary_plus_involuntary() {
+        let status = "Name:\ttokio-rt-worker\nvoluntary_ctxt_switches:\t120\n\
+                      nonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(parse_context_switches(status).unwrap(), 127);
+        let error = parse_context_switches("Name:\tx\nvoluntary_ctxt_switches:\t1\n").unwrap_err();
+        assert_eq!(error.to_string(), "no nonvoluntary_ctxt_switches:");
+        assert!(context_switches(std::process::id()).unwrap() > 0);
+    }
 
     #[test]
     fn a_layout_gives_each_party_its_cpus_and_splits_nothing_on_one_cpu() {

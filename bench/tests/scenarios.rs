@@ -143,6 +143,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         "grpc-floor",
         "connections",
         "redis-bound",
+        "workers",
     ] {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -418,6 +419,39 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(
             doc.contains(&format!(
                 "{algorithm}: tollgate's decisions/s over redis-benchmark's calls/s, the median"
+            )),
+            "{doc}"
+        );
+    }
+    // workers: every layout decided closed loop and at the steady rate, its processes' CPU and
+    // context switches were read, and each layout is compared with the default.
+    let workers = records(&results, "workers");
+    let worker_runs = of_kind(&workers, "run");
+    assert_eq!(worker_runs.len(), 6, "{worker_runs:?}");
+    for run in &worker_runs {
+        assert!(
+            number(run, &["load", "decisions_per_second"]) > 0.0,
+            "{run}"
+        );
+        assert!(number(run, &["tollgate_cpu_seconds"]) > 0.0, "{run}");
+        assert!(number(run, &["context_switches"]) > 0.0, "{run}");
+    }
+    let per_cpu_processes = worker_runs
+        .iter()
+        .find(|r| r["layout"] == "process-per-cpu")
+        .map(|r| number(r, &["processes"]));
+    assert_eq!(
+        per_cpu_processes,
+        Some(std::thread::available_parallelism().map_or(1, usize::from) as f64)
+    );
+    assert_eq!(
+        table_after(&doc, "### Worker threads on the Redis path").len(),
+        6
+    );
+    for load in ["Closed loop", "At 20,000/s"] {
+        assert!(
+            doc.contains(&format!(
+                "{load}, each layout over one process, a worker per CPU (default), the median"
             )),
             "{doc}"
         );

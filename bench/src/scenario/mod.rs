@@ -24,6 +24,7 @@ pub mod memory;
 pub mod overload;
 pub mod redis_bound;
 pub mod redis_cpu;
+pub mod workers;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -76,11 +77,13 @@ pub enum ScenarioName {
     Connections,
     /// tollgate against redis-benchmark when Redis is what runs out.
     RedisBound,
+    /// How tollgate's workers should be laid out on the Redis path.
+    Workers,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 13] = [
+    pub const ALL: [ScenarioName; 14] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -94,6 +97,7 @@ impl ScenarioName {
         ScenarioName::Limitador,
         ScenarioName::Connections,
         ScenarioName::RedisBound,
+        ScenarioName::Workers,
     ];
 
     /// The name in records, file names and report markers.
@@ -112,6 +116,7 @@ impl ScenarioName {
             ScenarioName::Limitador => "limitador",
             ScenarioName::Connections => "connections",
             ScenarioName::RedisBound => "redis-bound",
+            ScenarioName::Workers => "workers",
         }
     }
 }
@@ -132,6 +137,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Limitador => Box::new(limitador::Limitador::new(defaults())),
         ScenarioName::Connections => Box::new(connections::Connections::new(defaults())),
         ScenarioName::RedisBound => Box::new(redis_bound::RedisBound::new(defaults())),
+        ScenarioName::Workers => Box::new(workers::WorkersScenario::new(defaults())),
     }
 }
 
