@@ -122,13 +122,14 @@ pub fn plural(n: u64) -> &'static str {
 /// machine was, and how long each point was measured.
 pub fn measured(conditions: &Conditions) -> String {
     let mut text = format!(
-        "Measured {} ({:.0} s) at commit `{}`, {} build; load average {} at the start, {} at the \
-         end. Every point: a {} warmup (not counted), then {} measured run{} of {}; tables give \
+        "Measured {} ({:.0} s) at commit `{}`, {} build, on {}; load average {} at the start, {} \
+         at the end. Every point: a {} warmup (not counted), then {} measured run{} of {}; tables give \
          the median and the min–max of the runs.",
         conditions.started,
         conditions.seconds,
         conditions.machine.commit,
         conditions.machine.profile,
+        conditions.machine.cpus_text(),
         load(conditions.load_start),
         load(conditions.load_end),
         seconds(conditions.warmup_seconds),

@@ -33,6 +33,18 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// The CPUs as a report names them: "2 CPUs (model, KVM guest)".
+    pub fn cpus_text(&self) -> String {
+        let model = if self.model.is_empty() {
+            "unknown CPU".to_owned()
+        } else if self.hypervisor.is_empty() {
+            self.model.clone()
+        } else {
+            format!("{}, {} guest", self.model, self.hypervisor)
+        };
+        format!("{} CPUs ({model})", self.cpus)
+    }
+
     /// Describes this machine and the tollgate binary at `tollgate_bin`.
     pub fn describe(tollgate_bin: &Path) -> Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

@@ -77,7 +77,12 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         }
     }
     let out = args.out();
-    write(&out, &results)?;
+    // The machine section speaks for every section; a report of some scenarios leaves it to
+    // the last whole report, and each section names its own machine.
+    let whole = ScenarioName::ALL
+        .iter()
+        .all(|name| args.scenarios.contains(name));
+    write(&out, &results, whole)?;
     crate::scenario::say(&format!("wrote {}", out.display()));
     Ok(())
 }
@@ -90,8 +95,13 @@ fn skipping(name: ScenarioName, reason: &str) {
     ));
 }
 
-/// Writes the sections of `results` into the document at `path`, creating it when missing.
-pub fn write(path: &Path, results: &[(ScenarioName, Vec<Value>)]) -> anyhow::Result<()> {
+/// Writes the sections of `results` into the document at `path`, creating it when missing; the
+/// machine section too when `whole` (every scenario was asked for) or when it has none yet.
+pub fn write(
+    path: &Path,
+    results: &[(ScenarioName, Vec<Value>)],
+    whole: bool,
+) -> anyhow::Result<()> {
     let mut doc = match std::fs::read_to_string(path) {
         Ok(doc) => doc,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => skeleton(),
@@ -101,7 +111,7 @@ pub fn write(path: &Path, results: &[(ScenarioName, Vec<Value>)]) -> anyhow::Res
         .iter()
         .map(|(_, records)| conditions_of(records))
         .collect::<anyhow::Result<_>>()?;
-    if !conditions.is_empty() {
+    if !conditions.is_empty() && (whole || !has_machine(&doc)) {
         doc = splice(&doc, MACHINE, &machine_section(&conditions));
     }
     for (name, records) in results {
@@ -114,6 +124,12 @@ pub fn write(path: &Path, results: &[(ScenarioName, Vec<Value>)]) -> anyhow::Res
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     std::fs::write(path, doc).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Whether `doc` describes a machine already (a machine section that is not empty).
+fn has_machine(doc: &str) -> bool {
+    let begin = begin_marker(MACHINE);
+    doc.contains(&begin) && !doc.contains(&format!("{begin}\n{}", end_marker(MACHINE)))
 }
 
 /// A new report: a title and the generated sections in order.
@@ -130,22 +146,15 @@ fn machine_section(conditions: &[Conditions]) -> String {
     let first = &conditions[0];
     let machine = &first.machine;
     let last = &conditions[conditions.len() - 1];
-    let model = if machine.model.is_empty() {
-        "unknown CPU".to_owned()
-    } else if machine.hypervisor.is_empty() {
-        machine.model.clone()
-    } else {
-        format!("{}, {} guest", machine.model, machine.hypervisor)
-    };
     format!(
-        "- {} CPUs ({model}), {} GiB, Linux {}; {}; {}; tollgate `{}` ({} build).\n\
+        "- {}, {} GiB, Linux {}; {}; {}; tollgate `{}` ({} build).\n\
          - **{} cores shared by everything.** The load generator (in `tollgate-bench`), tollgate \
          and every Redis process (one server, or the six nodes of the cluster) run on the same \
          cores, so every number includes the cost of generating the load, and other jobs on the \
          machine run at the same time (load average {} when the first scenario started, {} when \
          the last ended). Absolute numbers are rough; ratios of numbers measured in the same run \
          are what to compare.\n",
-        machine.cpus,
+        machine.cpus_text(),
         machine.memory_gib,
         machine.kernel,
         if machine.redis.is_empty() {
@@ -160,4 +169,17 @@ fn machine_section(conditions: &[Conditions]) -> String {
         load(first.load_start),
         load(last.load_end),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_empty_or_missing_machine_section_counts_as_none() {
+        assert!(!has_machine("# Performance\n"));
+        assert!(!has_machine(&skeleton()));
+        let described = splice(&skeleton(), MACHINE, "- 2 CPUs (a model)");
+        assert!(has_machine(&described));
+    }
 }
