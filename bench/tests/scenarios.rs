@@ -423,8 +423,8 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
             "{doc}"
         );
     }
-    // workers: every layout decided closed loop and at the steady rate, its processes' CPU and
-    // context switches were read, and each layout is compared with the default.
+    // workers: every layout decided closed loop and at the steady rate, its processes' context
+    // switches were read, and each layout is compared with the default.
     let workers = records(&results, "workers");
     let worker_runs = of_kind(&workers, "run");
     assert_eq!(worker_runs.len(), 6, "{worker_runs:?}");
@@ -433,7 +433,8 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
             number(run, &["load", "decisions_per_second"]) > 0.0,
             "{run}"
         );
-        assert!(number(run, &["tollgate_cpu_seconds"]) > 0.0, "{run}");
+        // Counted exactly, unlike CPU time (whole clock ticks, which a smoke run's few
+        // milliseconds may round to none): a process that decided has waited at least once.
         assert!(number(run, &["context_switches"]) > 0.0, "{run}");
     }
     let per_cpu_processes = worker_runs
