@@ -632,6 +632,15 @@ fn bad_flags_and_missing_results_are_named() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--shards"));
 
+    // A steady rate of nothing would divide by zero in the schedule.
+    let output = bench(&["workers", "--rate", "0"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--rate") && stderr.contains("must be a positive number"),
+        "{stderr}"
+    );
+
     let dir = tempfile::tempdir().unwrap();
     let output = bench(&[
         "report",

@@ -137,7 +137,8 @@ pub(crate) fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
-fn parse_rate(text: &str) -> Result<f64, String> {
+/// A rate in calls per second, positive and finite (`--rate`).
+pub fn parse_rate(text: &str) -> Result<f64, String> {
     let rate: f64 = text
         .parse()
         .map_err(|_| format!("`{text}` is not a number"))?;

@@ -90,7 +90,7 @@ pub struct WorkersOptions {
 
     /// The open-loop rate, decisions per second: below every layout's peak, so that what is
     /// compared is the cost of a steady load, not a saturated one.
-    #[arg(long, default_value_t = 20_000.0)]
+    #[arg(long, default_value_t = 20_000.0, value_parser = crate::load::args::parse_rate)]
     pub rate: f64,
 
     /// Distinct values of the descriptor, drawn uniformly.
@@ -190,7 +190,8 @@ impl Scenario for WorkersScenario {
                 )?);
             }
             let addrs: Vec<_> = stands.iter().map(Stand::grpc_addr).collect();
-            // The same connections in all, spread evenly over the processes.
+            // As many connections in all (rounded up to a whole number per process), spread
+            // evenly over the processes.
             let per_process = options.connections.div_ceil(processes as u32).max(1);
             let connections = bench.loader.connect(&addrs, per_process)?;
             layouts.push(Serving {
