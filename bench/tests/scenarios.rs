@@ -608,6 +608,31 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     ]);
     assert_success(&output);
     assert_eq!(std::fs::read_to_string(&again).unwrap(), doc);
+
+    // A report of some scenarios leaves the machine section as the last whole report wrote it:
+    // it speaks for sections this report does not measure.
+    let begin = marker("machine", "begin");
+    let start = doc.find(&begin).unwrap() + begin.len();
+    let stop = doc.find(&marker("machine", "end")).unwrap();
+    let partial = dir.path().join("partial.md");
+    let by_hand = format!(
+        "{}\nthe machine of the last whole report\n{}",
+        &doc[..start],
+        &doc[stop..]
+    );
+    std::fs::write(&partial, &by_hand).unwrap();
+    let output = bench(&[
+        "report",
+        "--render-only",
+        "--scenarios",
+        "workers",
+        "--results-dir",
+        results.to_str().unwrap(),
+        "--out",
+        partial.to_str().unwrap(),
+    ]);
+    assert_success(&output);
+    assert_eq!(std::fs::read_to_string(&partial).unwrap(), by_hand);
 }
 
 #[test]
