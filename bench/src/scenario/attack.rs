@@ -22,8 +22,8 @@ use crate::doc::{
 };
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, conditions_of, distinct, micros_per, policy,
-    runs_of, say, uniform_shape,
+    Algorithm, Bench, Phase, Scenario, ScenarioName, conditions_of, distinct, per_decision_cell,
+    policy, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -257,23 +257,14 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             percent(median(runs.iter().filter_map(|r| r.rejected_share()))),
             runs.iter().map(|r| r.load.ok).sum::<u64>().to_string(),
             fixed(calls(point), 4),
-            fixed(
-                median(
-                    runs.iter()
-                        .filter_map(|r| micros_per(r.tollgate_cpu_seconds, r.load.decisions)),
-                ),
-                1,
+            per_decision_cell(
+                runs.iter()
+                    .map(|r| (r.tollgate_cpu_seconds, r.load.decisions)),
             ),
             if is_memory {
                 crate::doc::NONE.to_owned()
             } else {
-                fixed(
-                    median(
-                        runs.iter()
-                            .filter_map(|r| micros_per(r.redis_cpu_seconds, r.load.decisions)),
-                    ),
-                    1,
-                )
+                per_decision_cell(runs.iter().map(|r| (r.redis_cpu_seconds, r.load.decisions)))
             },
             ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
             ms(median(runs.iter().map(|r| r.load.latency_us.p99))),

@@ -15,13 +15,11 @@ use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
-};
+use crate::doc::{Align, Table, count, fixed, measured, times_by_run};
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
+    micros_per, policy, rotation, run_ratios, runs_of, say, served_cells, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -212,28 +210,12 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             .iter()
             .filter(|r| point(r) == (descriptors, pool_size))
             .collect();
-        table.row(vec![
-            descriptors.to_string(),
-            pool_size.to_string(),
-            count(median(of.iter().map(|r| r.load.decisions_per_second))),
-            count_range(range(of.iter().map(|r| r.load.decisions_per_second))),
-            ms(median(of.iter().map(|r| r.load.latency_us.p50))),
-            ms(median(of.iter().map(|r| r.load.latency_us.p99))),
-            fixed(
-                median(
-                    of.iter()
-                        .filter_map(|r| micros_per(r.tollgate_cpu_seconds, r.load.decisions)),
-                ),
-                1,
-            ),
-            fixed(
-                median(
-                    of.iter()
-                        .filter_map(|r| micros_per(r.redis_cpu_seconds, r.load.decisions)),
-                ),
-                1,
-            ),
-        ]);
+        let mut row = vec![descriptors.to_string(), pool_size.to_string()];
+        row.extend(served_cells(
+            of.iter()
+                .map(|r| (&r.load, r.tollgate_cpu_seconds, r.redis_cpu_seconds)),
+        ));
+        table.row(row);
     }
     out.push_str(&table.render());
     let sizes = distinct(runs.iter().map(|r| r.pool_size));

@@ -21,14 +21,13 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
-};
+use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
 use crate::load::summary::Summary;
 use crate::proc::{Layout, OwnedChild};
 use crate::scenario::{
     Algorithm, Bench, Connections, Loader, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
-    conditions_of, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
+    conditions_of, load_cells, per_decision_cell, policy, rotation, run_ratios, runs_of, say,
+    uniform_shape,
 };
 use crate::stand::{Backend, Servers, Stand};
 
@@ -400,20 +399,12 @@ fn peak_table(runs: &[FloorRun], apart: bool) -> String {
     ]);
     for server in [Server::Tollgate, Server::Empty] {
         let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.is(server, false, apart)).collect();
-        table.row(vec![
-            server.label().to_owned(),
-            count(median(runs.iter().map(|r| r.load.decisions_per_second))),
-            count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
-            fixed(
-                median(
-                    runs.iter()
-                        .filter_map(|r| micros_per(r.cpu_seconds, r.load.decisions)),
-                ),
-                1,
-            ),
-        ]);
+        let mut row = vec![server.label().to_owned()];
+        row.extend(load_cells(runs.iter().map(|r| &r.load)));
+        row.push(per_decision_cell(
+            runs.iter().map(|r| (r.cpu_seconds, r.load.decisions)),
+        ));
+        table.row(row);
     }
     table.render()
 }

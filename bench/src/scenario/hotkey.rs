@@ -16,13 +16,11 @@ use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, percent, range, ratio, times,
-};
+use crate::doc::{Align, Table, count, fixed, measured, median, ms, percent, ratio, times};
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
-    runs_of, say, uniform_shape,
+    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, load_cells,
+    policy, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -274,17 +272,15 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     ]);
     for &shards in &shard_counts {
         let runs = &by_shards[&shards];
-        table.row(vec![
-            shards.to_string(),
-            count(rate(shards)),
-            count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
+        let mut row = vec![shards.to_string()];
+        row.extend(load_cells(runs.iter().map(|r| &r.load)));
+        row.extend([
             percent(share(shards)),
             fixed(median(runs.iter().filter_map(|r| r.busiest_cpu())), 2),
             fixed(median(runs.iter().map(|r| r.redis_cpu_seconds)), 2),
             runs.iter().map(|r| r.failed()).sum::<u64>().to_string(),
         ]);
+        table.row(row);
     }
     out.push_str(&table.render());
     out.push('\n');

@@ -24,13 +24,11 @@ use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, percent, range, ratio, times,
-};
+use crate::doc::{Align, Table, count, fixed, measured, median, percent, range, ratio, times};
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, conditions_of, distinct, micros_per,
-    records_of, say, uniform_shape,
+    Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, conditions_of, distinct, load_cells,
+    per_decision_cell, records_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -469,31 +467,22 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
                 4,
             )
         };
-        table.row(vec![
+        let mut row = vec![
             algorithm.name().to_owned(),
             backend.name().to_owned(),
             mode(backend, leased).to_owned(),
-            count(rate(&runs)),
-            count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
+        ];
+        row.extend(load_cells(runs.iter().map(|r| &r.load)));
+        row.extend([
             calls,
-            fixed(
-                median(
-                    runs.iter()
-                        .filter_map(|r| micros_per(r.tollgate_cpu_seconds, r.load.decisions)),
-                ),
-                1,
+            per_decision_cell(
+                runs.iter()
+                    .map(|r| (r.tollgate_cpu_seconds, r.load.decisions)),
             ),
-            fixed(
-                median(
-                    runs.iter()
-                        .filter_map(|r| micros_per(r.redis_cpu_seconds, r.load.decisions)),
-                ),
-                1,
-            ),
+            per_decision_cell(runs.iter().map(|r| (r.redis_cpu_seconds, r.load.decisions))),
             runs.iter().map(|r| r.failed()).sum::<u64>().to_string(),
         ]);
+        table.row(row);
     }
     out.push_str(&table.render());
     out.push('\n');

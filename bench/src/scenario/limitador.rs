@@ -27,14 +27,12 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
-};
+use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
 use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, WINDOW_MS,
-    conditions_of, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
+    conditions_of, policy, rotation, run_ratios, runs_of, say, served_cells, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -391,35 +389,20 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         if runs.is_empty() {
             continue;
         }
-        table.row(vec![
-            server.label().to_owned(),
-            count(median(runs.iter().map(|r| r.load.decisions_per_second))),
-            count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
-            fixed(
-                median(
-                    runs.iter()
-                        .filter_map(|r| micros_per(r.cpu_seconds, r.load.decisions)),
-                ),
-                1,
+        let mut row = vec![server.label().to_owned()];
+        row.extend(served_cells(
+            runs.iter()
+                .map(|r| (&r.load, r.cpu_seconds, r.redis_cpu_seconds)),
+        ));
+        row.push(fixed(
+            median(
+                runs.iter()
+                    .filter(|r| r.load.decisions > 0)
+                    .map(|r| r.redis_commands as f64 / r.load.decisions as f64),
             ),
-            fixed(
-                median(
-                    runs.iter()
-                        .filter_map(|r| micros_per(r.redis_cpu_seconds, r.load.decisions)),
-                ),
-                1,
-            ),
-            fixed(
-                median(
-                    runs.iter()
-                        .filter(|r| r.load.decisions > 0)
-                        .map(|r| r.redis_commands as f64 / r.load.decisions as f64),
-                ),
-                2,
-            ),
-        ]);
+            2,
+        ));
+        table.row(row);
     }
     out.push_str(&table.render());
     for other in [Server::LimitadorRedis, Server::LimitadorRedisCached] {

@@ -29,7 +29,7 @@ use crate::load::summary::{LatencyUs, Summary};
 use crate::machine::Conditions;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, Tools, UNREACHABLE_LIMIT, conditions_of,
-    micros_per, policy, records_of, say, uniform_shape,
+    load_cells, micros_per, per_decision_cell, policy, records_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -568,16 +568,11 @@ impl<'a> Results<'a> {
         for cell in &self.order {
             let peak = &self.cells[cell].peak;
             let mut row = self.naming(cell, &ALL_COLUMNS);
+            row.extend(load_cells(peak.iter().map(|r| &r.load)));
             row.extend([
-                count(self.peak(*cell)),
-                count_range(range(peak.iter().map(|r| r.load.decisions_per_second))),
-                ms(median_of(peak, |r| Some(r.load.latency_us.p50))),
-                ms(median_of(peak, |r| Some(r.load.latency_us.p99))),
-                fixed(
-                    median_of(peak, |r| {
-                        micros_per(r.tollgate_cpu_seconds, r.load.decisions)
-                    }),
-                    1,
+                per_decision_cell(
+                    peak.iter()
+                        .map(|r| (r.tollgate_cpu_seconds, r.load.decisions)),
                 ),
                 if cell.backend == Backend::Memory {
                     NONE.to_owned()

@@ -41,6 +41,7 @@ use tokio::runtime::Runtime;
 use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
+use crate::doc::{count, count_range, fixed, median, ms, range};
 use crate::load::args::Stop;
 use crate::load::generator::{Load, Shape, connect};
 use crate::load::keys::KeySampler;
@@ -633,9 +634,80 @@ pub fn micros_per(seconds: f64, events: u64) -> Option<f64> {
     (events > 0).then(|| seconds / events as f64 * 1e6)
 }
 
+/// The four cells most tables give a set of runs of one point, under the columns
+/// `decisions/s`, `min–max`, `p50 ms` and `p99 ms`: the median and the range of the runs'
+/// decisions per second, and the median of their p50 and of their p99 latency.
+pub fn load_cells<'a>(loads: impl IntoIterator<Item = &'a Summary>) -> [String; 4] {
+    let loads: Vec<&Summary> = loads.into_iter().collect();
+    let per_second = || loads.iter().map(|l| l.decisions_per_second);
+    [
+        count(median(per_second())),
+        count_range(range(per_second())),
+        ms(median(loads.iter().map(|l| l.latency_us.p50))),
+        ms(median(loads.iter().map(|l| l.latency_us.p99))),
+    ]
+}
+
+/// The six cells of a set of runs against Redis, under the columns of [`load_cells`] and then
+/// the server's and Redis's CPU per decision: each run given as what the load generator saw,
+/// the server's CPU seconds and Redis's.
+pub fn served_cells<'a>(runs: impl IntoIterator<Item = (&'a Summary, f64, f64)>) -> Vec<String> {
+    let runs: Vec<(&Summary, f64, f64)> = runs.into_iter().collect();
+    let mut cells = Vec::from(load_cells(runs.iter().map(|&(load, _, _)| load)));
+    cells.push(per_decision_cell(
+        runs.iter()
+            .map(|&(load, server, _)| (server, load.decisions)),
+    ));
+    cells.push(per_decision_cell(
+        runs.iter().map(|&(load, _, redis)| (redis, load.decisions)),
+    ));
+    cells
+}
+
+/// The cell of a CPU-per-decision column (`… CPU µs/decision`): over a set of runs, each a
+/// pair of CPU seconds and the decisions they were spent on, the median of their microseconds
+/// per decision, to a tenth; a run without decisions has none to give.
+pub fn per_decision_cell(runs: impl IntoIterator<Item = (f64, u64)>) -> String {
+    fixed(
+        median(
+            runs.into_iter()
+                .filter_map(|(seconds, decisions)| micros_per(seconds, decisions)),
+        ),
+        1,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn served_cells_are_the_medians_of_the_runs_and_the_range_of_their_rates() {
+        let load = |decisions: u64, p50: f64, p99: f64| -> Summary {
+            serde_json::from_value(serde_json::json!({
+                "elapsed_seconds": 1.0, "requests": decisions, "ok": decisions,
+                "over_limit": 0, "unknown": 0, "errors": 0, "errors_by_code": {},
+                "decisions": decisions, "decisions_per_second": decisions as f64,
+                "requests_per_second": decisions as f64,
+                "latency_us": {"min": 1.0, "mean": p50, "p50": p50, "p90": p99, "p99": p99,
+                               "p99_9": p99, "max": p99},
+            }))
+            .unwrap()
+        };
+        // Three one-second runs: (load, server CPU s, Redis CPU s).
+        let runs = [
+            (load(10_000, 1_000.0, 3_000.0), 0.2, 0.1),
+            (load(12_000, 1_200.0, 2_500.0), 0.36, 0.12),
+            (load(11_000, 1_100.0, 4_000.0), 0.275, 0.22),
+        ];
+        let cells = served_cells(runs.iter().map(|(l, server, redis)| (l, *server, *redis)));
+        assert_eq!(
+            cells,
+            ["11,000", "10,000–12,000", "1.10", "3.00", "25.0", "10.0"]
+        );
+        // A run without decisions has no CPU per decision to give, and none is invented.
+        assert_eq!(per_decision_cell([(0.5, 0)]), crate::doc::NONE);
+    }
 
     #[test]
     fn every_scenario_has_defaults_and_its_name() {

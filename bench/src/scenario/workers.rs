@@ -22,13 +22,11 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
-};
+use crate::doc::{Align, Table, count, fixed, measured, median, times_by_run};
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Connections, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of,
-    distinct, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
+    distinct, micros_per, policy, rotation, run_ratios, runs_of, say, served_cells, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -315,42 +313,28 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             .filter(|r| r.rate.map(f64::to_bits) == load && r.layout == layout)
             .collect()
     };
-    let per_decision = |r: &WorkersRun, amount: f64| micros_per(amount, r.load.decisions);
     for &load in &loads {
         for &layout in &layouts {
             let of = of(load, layout);
             if of.is_empty() {
                 continue;
             }
-            table.row(vec![
+            let mut row = vec![
                 load_name(load.map(f64::from_bits)),
                 layout.describe().to_owned(),
-                count(median(of.iter().map(|r| r.load.decisions_per_second))),
-                count_range(range(of.iter().map(|r| r.load.decisions_per_second))),
-                ms(median(of.iter().map(|r| r.load.latency_us.p50))),
-                ms(median(of.iter().map(|r| r.load.latency_us.p99))),
-                fixed(
-                    median(
-                        of.iter()
-                            .filter_map(|r| per_decision(r, r.tollgate_cpu_seconds)),
-                    ),
-                    1,
+            ];
+            row.extend(served_cells(
+                of.iter()
+                    .map(|r| (&r.load, r.tollgate_cpu_seconds, r.redis_cpu_seconds)),
+            ));
+            row.push(fixed(
+                median(
+                    of.iter()
+                        .map(|r| r.context_switches as f64 / r.load.decisions as f64),
                 ),
-                fixed(
-                    median(
-                        of.iter()
-                            .filter_map(|r| per_decision(r, r.redis_cpu_seconds)),
-                    ),
-                    1,
-                ),
-                fixed(
-                    median(
-                        of.iter()
-                            .map(|r| r.context_switches as f64 / r.load.decisions as f64),
-                    ),
-                    2,
-                ),
-            ]);
+                2,
+            ));
+            table.row(row);
         }
     }
     out.push_str(&table.render());
