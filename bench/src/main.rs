@@ -2,9 +2,10 @@
 //!
 //! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
 //! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`,
-//! `grpc-floor`, `limitador`, `connections`, `redis-bound`, `workers`) start what they need
-//! (tollgate as a process, Redis and a Redis Cluster through the testkit, redis-benchmark for
-//! the ceilings, an empty RLS server, a limitador-server the operator built), measure, keep
+//! `grpc-floor`, `limitador`, `connections`, `redis-bound`, `workers`, `profile`) start what
+//! they need (tollgate as a process, Redis and a Redis Cluster through the testkit,
+//! redis-benchmark for the ceilings, an empty RLS server, a limitador-server the operator
+//! built, perf), measure, keep
 //! every run as a JSON line in `target/bench/`, and print their report section; `report` runs several of
 //! them and writes `docs/performance.md`. See `tollgate-bench --help`.
 
@@ -35,6 +36,7 @@ use crate::scenario::limitador::{Limitador, LimitadorOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
 use crate::scenario::overload::{Overload, OverloadOptions};
+use crate::scenario::profile::{Profile, ProfileOptions};
 use crate::scenario::redis_bound::{RedisBound, RedisBoundOptions};
 use crate::scenario::redis_cpu::{RedisCpu, RedisCpuOptions};
 use crate::scenario::workers::{WorkersOptions, WorkersScenario};
@@ -194,6 +196,17 @@ enum Command {
         options: WorkersOptions,
     },
 
+    /// Where a decision's CPU goes: tollgate on the memory backend, tollgate on one Redis and
+    /// the empty RLS server under the same closed loop, each sampled by `perf record` while it is
+    /// measured; CPU per decision split into the handler, the Redis client, the kernel, the
+    /// allocator, the gRPC stack and tokio, and a flame graph of each (needs perf).
+    Profile {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: ProfileOptions,
+    },
+
     /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
     /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
     EmptyServer(empty::EmptyServerArgs),
@@ -230,6 +243,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Connections { scale, options } => run_one(&scale, &Connections::new(options)),
         Command::RedisBound { scale, options } => run_one(&scale, &RedisBound::new(options)),
         Command::Workers { scale, options } => run_one(&scale, &WorkersScenario::new(options)),
+        Command::Profile { scale, options } => run_one(&scale, &Profile::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
     }
@@ -240,8 +254,10 @@ fn run_one(scale: &ScaleArgs, scenario: &dyn Scenario) -> anyhow::Result<()> {
     if let Some(reason) = scenario.unavailable() {
         anyhow::bail!("cannot run {}: {reason}", scenario.name().name());
     }
-    let mut bench = Bench::new(scale.scale(), &scale.by_hand_results_dir())?;
+    let dir = scale.by_hand_results_dir();
+    let mut bench = Bench::new(scale.scale(), &dir)?;
     let records = bench.run(scenario)?;
     print!("{}", scenario.render(&records)?);
+    report::write_figures(scenario, &dir, &dir)?;
     Ok(())
 }

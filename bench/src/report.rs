@@ -11,7 +11,9 @@ use serde_json::Value;
 
 use crate::doc::{begin_marker, end_marker, load, splice};
 use crate::machine::Conditions;
-use crate::scenario::{Bench, ScaleArgs, ScenarioName, conditions_of, read_records, scenario};
+use crate::scenario::{
+    Bench, ScaleArgs, Scenario, ScenarioName, conditions_of, read_records, scenario,
+};
 
 /// The flags of `report`.
 #[derive(Debug, Clone, clap::Args)]
@@ -84,6 +86,31 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         .all(|name| args.scenarios.contains(name));
     write(&out, &results, whole)?;
     crate::scenario::say(&format!("wrote {}", out.display()));
+    let beside = out.parent().unwrap_or(Path::new("."));
+    for (name, _) in &results {
+        write_figures(scenario(*name).as_ref(), &args.scale.results_dir(), beside)?;
+    }
+    Ok(())
+}
+
+/// Writes the figures `scenario` draws from what it left in `results_dir` into `flamegraphs/`
+/// under `beside` (the report's directory), and says where each went.
+pub fn write_figures(
+    scenario: &dyn Scenario,
+    results_dir: &Path,
+    beside: &Path,
+) -> anyhow::Result<()> {
+    let figures = scenario.figures(results_dir)?;
+    if figures.is_empty() {
+        return Ok(());
+    }
+    let dir = beside.join("flamegraphs");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, text) in figures {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        crate::scenario::say(&format!("wrote {}", path.display()));
+    }
     Ok(())
 }
 

@@ -90,6 +90,34 @@ fn table_after(doc: &str, heading: &str) -> Vec<Vec<String>> {
     rows
 }
 
+/// Whether perf can sample a process here (the `profile` scenario's own test, run apart).
+fn perf_can_sample() -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    Command::new("perf")
+        .args(["record", "--quiet", "--output"])
+        .arg(dir.path().join("probe.data"))
+        .args(["--", "true"])
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
+/// The flame graphs a report drew beside itself, by file name.
+fn flame_graphs(beside: &Path) -> Vec<(String, String)> {
+    let mut graphs: Vec<(String, String)> = std::fs::read_dir(beside.join("flamegraphs"))
+        .map(|entries| {
+            entries
+                .map(|entry| {
+                    let path = entry.unwrap().path();
+                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                    (name, std::fs::read_to_string(&path).unwrap())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    graphs.sort();
+    graphs
+}
+
 fn marker(name: &str, which: &str) -> String {
     match which {
         "begin" => format!(
@@ -144,7 +172,10 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         "connections",
         "redis-bound",
         "workers",
-    ] {
+    ]
+    .into_iter()
+    .chain(perf_can_sample().then_some("profile"))
+    {
         for which in ["begin", "end"] {
             assert_eq!(
                 doc.matches(&marker(name, which)).count(),
@@ -595,7 +626,54 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         );
     }
 
-    // The report is a function of the results alone.
+    // profile: perf sampled every server while it was measured, every sample counts in one
+    // part, and a flame graph of each server was drawn beside the report. Where perf cannot
+    // sample, the scenario is skipped by name and says why.
+    if perf_can_sample() {
+        let profile = records(&results, "profile");
+        let runs = of_kind(&profile, "run");
+        for server in ["tollgate-memory", "tollgate-redis", "empty"] {
+            let run = runs
+                .iter()
+                .find(|r| r["server"] == server)
+                .unwrap_or_else(|| panic!("no profile run of {server}"));
+            assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
+            let parts = run["parts"].as_object().unwrap();
+            let samples: u64 = parts.values().map(|n| n.as_u64().unwrap()).sum();
+            assert!(samples > 0, "{run}");
+            // Only tollgate on Redis has a Redis client to sample.
+            if server != "tollgate-redis" {
+                assert!(!parts.contains_key("redis-client"), "{run}");
+            }
+        }
+        assert_eq!(
+            table_after(&doc, "### Where a decision's CPU goes, sampled").len(),
+            3
+        );
+        let graphs = flame_graphs(dir.path());
+        let names: Vec<&str> = graphs.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "profile-empty.svg",
+                "profile-tollgate-memory.svg",
+                "profile-tollgate-redis.svg"
+            ]
+        );
+        for (name, svg) in &graphs {
+            assert!(svg.contains("<svg") && svg.contains("samples"), "{name}");
+            assert!(doc.contains(&format!("(flamegraphs/{name})")), "{doc}");
+        }
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("skipping profile, its section stays as it was: "),
+            "{stderr}"
+        );
+    }
+    let graphs = flame_graphs(dir.path());
+
+    // The report is a function of the results alone, the flame graphs too.
     let again = dir.path().join("again.md");
     std::fs::copy(&out, &again).unwrap();
     let output = bench(&[
@@ -608,6 +686,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     ]);
     assert_success(&output);
     assert_eq!(std::fs::read_to_string(&again).unwrap(), doc);
+    assert_eq!(flame_graphs(dir.path()), graphs);
 
     // A report of some scenarios leaves the machine section as the last whole report wrote it:
     // it speaks for sections this report does not measure.

@@ -18,8 +18,9 @@ use serde_json::Value;
 use crate::doc::{Align, Table, count, fixed, measured, times_by_run};
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, rotation, run_ratios, runs_of, say, served_cells, uniform_shape,
+    Algorithm, Bench, ClosedLoopOptions, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
+    conditions_of, distinct, micros_per, policy, rotation, run_ratios, runs_of, say, served_cells,
+    uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -35,17 +36,9 @@ pub struct ConnectionsOptions {
     #[arg(long = "descriptors", value_delimiter = ',', default_values_t = [1u32, 3], value_parser = clap::value_parser!(u32).range(1..=16))]
     pub descriptors: Vec<u32>,
 
-    /// Calls in flight, over all HTTP/2 connections.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub concurrency: u32,
-
-    /// HTTP/2 connections of the load generator to each tollgate.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub connections: u32,
-
-    /// Distinct values of each descriptor, drawn uniformly.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub keys: u64,
+    /// The closed loop sent to each server.
+    #[command(flatten)]
+    pub load: ClosedLoopOptions,
 }
 
 /// The `connections` scenario.
@@ -105,15 +98,18 @@ impl Scenario for Connections {
                 Stand::start_with_env(&bench.servers, Backend::Redis, &policy, "deny", &[], &envs)?;
             let connections = bench
                 .loader
-                .connect(&[stand.grpc_addr()], options.connections)?;
+                .connect(&[stand.grpc_addr()], options.load.connections)?;
             stands.push((size, stand, connections));
         }
         let points: Vec<(usize, u32)> = (0..stands.len())
             .flat_map(|index| options.descriptors.iter().map(move |&d| (index, d)))
             .collect();
         let phase = |descriptors: u32, duration| Phase {
-            shape: uniform_shape(entry_keys[..descriptors as usize].to_vec(), options.keys),
-            concurrency: options.concurrency,
+            shape: uniform_shape(
+                entry_keys[..descriptors as usize].to_vec(),
+                options.load.keys,
+            ),
+            concurrency: options.load.concurrency,
             rate: None,
             duration,
         };
@@ -157,7 +153,7 @@ impl Scenario for Connections {
                         pool_size: *pool_size,
                         descriptors,
                         run,
-                        concurrency: options.concurrency,
+                        concurrency: options.load.concurrency,
                         load,
                         tollgate_cpu_seconds,
                         redis_cpu_seconds,

@@ -18,25 +18,17 @@ use serde_json::Value;
 use crate::doc::{Align, Table, count, count_range, fixed, measured, median, range};
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, micros_per,
-    policy, rotation, run_ratios, runs_of, say, uniform_shape,
+    Algorithm, Bench, ClosedLoopOptions, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
+    conditions_of, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
 /// The options of `cost`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CostOptions {
-    /// Calls in flight, over all connections.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub concurrency: u32,
-
-    /// HTTP/2 connections of the load generator to each tollgate.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub connections: u32,
-
-    /// Distinct values of the descriptor, drawn uniformly.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub keys: u64,
+    /// The closed loop sent to each server.
+    #[command(flatten)]
+    pub load: ClosedLoopOptions,
 }
 
 /// The `cost` scenario.
@@ -98,7 +90,7 @@ impl Scenario for Cost {
         let options = &self.options;
         let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
         bench.servers.ensure(Backend::Memory);
-        let shape = uniform_shape(vec![KEY.to_owned()], options.keys);
+        let shape = uniform_shape(vec![KEY.to_owned()], options.load.keys);
         let start = |envs: &[(&str, &str)]| {
             Stand::start_with_env(&bench.servers, Backend::Memory, &policy, "deny", &[], envs)
         };
@@ -111,12 +103,12 @@ impl Scenario for Cost {
             connections.push(
                 bench
                     .loader
-                    .connect(&[stand.grpc_addr()], options.connections)?,
+                    .connect(&[stand.grpc_addr()], options.load.connections)?,
             );
         }
         let phase = |duration| Phase {
             shape: Arc::clone(&shape),
-            concurrency: options.concurrency,
+            concurrency: options.load.concurrency,
             rate: None,
             duration,
         };
@@ -148,8 +140,8 @@ impl Scenario for Cost {
                     &CostRun {
                         mode: *mode,
                         run,
-                        concurrency: options.concurrency,
-                        keys: options.keys,
+                        concurrency: options.load.concurrency,
+                        keys: options.load.keys,
                         load,
                         tollgate_cpu_seconds: cpu,
                     },

@@ -118,13 +118,16 @@ impl FloorRun {
 }
 
 /// The empty server as a child process, killed when dropped.
-struct EmptyProcess {
-    process: OwnedChild,
-    addr: SocketAddr,
+pub(crate) struct EmptyProcess {
+    /// The `tollgate-bench empty-server` process.
+    pub(crate) process: OwnedChild,
+    /// Where it listens.
+    pub(crate) addr: SocketAddr,
 }
 
 impl EmptyProcess {
-    fn start() -> anyhow::Result<EmptyProcess> {
+    /// Starts the empty server on a free loopback port and waits until it listens.
+    pub(crate) fn start() -> anyhow::Result<EmptyProcess> {
         let exe = std::env::current_exe().context("finding tollgate-bench itself")?;
         let mut process = OwnedChild::new(
             Command::new(exe)

@@ -31,8 +31,9 @@ use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run}
 use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
-    Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, WINDOW_MS,
-    conditions_of, policy, rotation, run_ratios, runs_of, say, served_cells, uniform_shape,
+    Algorithm, Bench, ClosedLoopOptions, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
+    WINDOW_MS, conditions_of, policy, rotation, run_ratios, runs_of, say, served_cells,
+    uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -43,17 +44,9 @@ pub struct LimitadorOptions {
     #[arg(long, env = "LIMITADOR_SERVER")]
     pub limitador_server: Option<PathBuf>,
 
-    /// Calls in flight, over all connections.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub concurrency: u32,
-
-    /// HTTP/2 connections of the load generator to each server.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub connections: u32,
-
-    /// Distinct values of the descriptor, drawn uniformly.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub keys: u64,
+    /// The closed loop sent to each server.
+    #[command(flatten)]
+    pub load: ClosedLoopOptions,
 }
 
 /// The `limitador` scenario.
@@ -270,7 +263,7 @@ impl Scenario for Limitador {
         // One set of connections per server, in the order of `Server::ALL`.
         let connections = std::iter::once(tollgate.grpc_addr())
             .chain(limitadors.iter().map(|limitador| limitador.addr))
-            .map(|addr| tools.loader.connect(&[addr], options.connections))
+            .map(|addr| tools.loader.connect(&[addr], options.load.connections))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let cpu = |server: Server| match server {
             Server::Tollgate => tollgate.tollgate_cpu_seconds(),
@@ -282,10 +275,10 @@ impl Scenario for Limitador {
             Server::LimitadorRedis => limitadors[0].log(),
             Server::LimitadorRedisCached => limitadors[1].log(),
         };
-        let shape = uniform_shape(vec![KEY.to_owned()], options.keys);
+        let shape = uniform_shape(vec![KEY.to_owned()], options.load.keys);
         let phase = |duration| Phase {
             shape: Arc::clone(&shape),
-            concurrency: options.concurrency,
+            concurrency: options.load.concurrency,
             rate: None,
             duration,
         };
@@ -338,7 +331,7 @@ impl Scenario for Limitador {
                     &LimitadorRun {
                         server,
                         run,
-                        concurrency: options.concurrency,
+                        concurrency: options.load.concurrency,
                         load,
                         cpu_seconds,
                         redis_cpu_seconds,
@@ -443,9 +436,11 @@ mod tests {
         let scenario = |path: Option<&str>| {
             Limitador::new(LimitadorOptions {
                 limitador_server: path.map(PathBuf::from),
-                concurrency: 1,
-                connections: 1,
-                keys: 1,
+                load: ClosedLoopOptions {
+                    concurrency: 1,
+                    connections: 1,
+                    keys: 1,
+                },
             })
         };
         let none = scenario(None).unavailable().unwrap_or_default();

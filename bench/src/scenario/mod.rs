@@ -22,6 +22,7 @@ pub mod limitador;
 pub mod matrix;
 pub mod memory;
 pub mod overload;
+pub mod profile;
 pub mod redis_bound;
 pub mod redis_cpu;
 pub mod workers;
@@ -80,11 +81,13 @@ pub enum ScenarioName {
     RedisBound,
     /// How tollgate's workers should be laid out on the Redis path.
     Workers,
+    /// Where a decision's CPU goes in tollgate and the empty server, sampled by perf.
+    Profile,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 14] = [
+    pub const ALL: [ScenarioName; 15] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -99,6 +102,7 @@ impl ScenarioName {
         ScenarioName::Connections,
         ScenarioName::RedisBound,
         ScenarioName::Workers,
+        ScenarioName::Profile,
     ];
 
     /// The name in records, file names and report markers.
@@ -118,6 +122,7 @@ impl ScenarioName {
             ScenarioName::Connections => "connections",
             ScenarioName::RedisBound => "redis-bound",
             ScenarioName::Workers => "workers",
+            ScenarioName::Profile => "profile",
         }
     }
 }
@@ -139,6 +144,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Connections => Box::new(connections::Connections::new(defaults())),
         ScenarioName::RedisBound => Box::new(redis_bound::RedisBound::new(defaults())),
         ScenarioName::Workers => Box::new(workers::WorkersScenario::new(defaults())),
+        ScenarioName::Profile => Box::new(profile::Profile::new(defaults())),
     }
 }
 
@@ -148,6 +154,22 @@ fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
     let matches = command.get_matches_from(["defaults"]);
     // Every scenario option has a default or is optional, so an empty command line parses.
     T::from_arg_matches(&matches).unwrap_or_else(|error| panic!("scenario defaults: {error}"))
+}
+
+/// The closed loop several scenarios send to each server they compare, as their flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClosedLoopOptions {
+    /// Calls in flight, over all HTTP/2 connections.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+
+    /// HTTP/2 connections of the load generator to each server.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+
+    /// Distinct values of each descriptor, drawn uniformly.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub keys: u64,
 }
 
 /// One benchmark scenario.
@@ -167,6 +189,13 @@ pub trait Scenario {
     /// The report section of this scenario's `records` (every record of one run of it, its
     /// [`Conditions`] among them), in Markdown.
     fn render(&self, records: &[Value]) -> anyhow::Result<String>;
+
+    /// Files the section links to, drawn from what the scenario left in `results_dir` beside
+    /// its records: each a file name and its text, which the report writes into a
+    /// `flamegraphs/` directory beside itself.
+    fn figures(&self, _results_dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
 }
 
 /// How long and how often to measure, shared by every scenario.
@@ -346,6 +375,11 @@ impl Recorder {
             records: Vec::new(),
             out: None,
         }
+    }
+
+    /// The directory the records go to, where a scenario keeps what else it measured.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     fn begin(&mut self, scenario: &str) -> anyhow::Result<()> {

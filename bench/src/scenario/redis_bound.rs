@@ -25,8 +25,8 @@ use crate::doc::{
 };
 use crate::proc::Layout;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
+    Algorithm, Bench, ClosedLoopOptions, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
+    conditions_of, distinct, micros_per, policy, rotation, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -42,18 +42,10 @@ pub struct RedisBoundOptions {
     #[arg(long, default_value_t = 0.1)]
     pub redis_share: f64,
 
-    /// Calls in flight: redis-benchmark's connections, and tollgate's calls over all HTTP/2
-    /// connections.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub concurrency: u32,
-
-    /// HTTP/2 connections of the load generator to tollgate.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub connections: u32,
-
-    /// Distinct values of the descriptor, drawn uniformly.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub keys: u64,
+    /// tollgate's closed loop; redis-benchmark keeps as many calls in flight, one per
+    /// connection, on as many keys.
+    #[command(flatten)]
+    pub load: ClosedLoopOptions,
 }
 
 /// The `redis-bound` scenario.
@@ -159,7 +151,7 @@ impl Scenario for RedisBound {
         )?;
         let connections = bench
             .loader
-            .connect(&[stand.grpc_addr()], options.connections)?;
+            .connect(&[stand.grpc_addr()], options.load.connections)?;
         let nodes = &stand.nodes;
         nodes.flush();
         let _slow = nodes.throttle(options.redis_share);
@@ -171,8 +163,8 @@ impl Scenario for RedisBound {
                 backend: Backend::Redis,
                 algorithm,
                 entry_key: entry_key(algorithm),
-                concurrency: options.concurrency,
-                keys: options.keys,
+                concurrency: options.load.concurrency,
+                keys: options.load.keys,
             };
             let sha = ceiling.load_script(nodes)?;
             let calibration = if bench.scale.quick { 200 } else { 5_000 };
@@ -185,8 +177,8 @@ impl Scenario for RedisBound {
             points.push((algorithm, Client::Tollgate, None));
         }
         let phase = |algorithm: Algorithm, duration| Phase {
-            shape: uniform_shape(vec![entry_key(algorithm)], options.keys),
-            concurrency: options.concurrency,
+            shape: uniform_shape(vec![entry_key(algorithm)], options.load.keys),
+            concurrency: options.load.concurrency,
             rate: None,
             duration,
         };
@@ -248,9 +240,9 @@ impl Scenario for RedisBound {
                         algorithm: *algorithm,
                         client: *client,
                         run,
-                        concurrency: options.concurrency,
+                        concurrency: options.load.concurrency,
                         redis_share: options.redis_share,
-                        keys: options.keys,
+                        keys: options.load.keys,
                         calls,
                         script_calls,
                         rate,
