@@ -104,7 +104,8 @@ pub enum Part {
     Handler,
     /// In the redis crate (its connection task, system calls included): the Redis exchange.
     RedisClient,
-    /// In the kernel: system calls (loopback TCP, futex, epoll) and what they wait on.
+    /// In the kernel: system calls (loopback TCP, futex, epoll), interrupts, and the clock
+    /// the kernel maps into the process (vDSO), which perf names as kernel code too.
     Kernel,
     /// In the C library's allocator.
     Allocator,
@@ -187,7 +188,9 @@ fn crate_of(frame: &str) -> &str {
 
 /// Whether a leaf frame is the C library's allocator, or Rust's entry points into it.
 fn is_allocator(leaf: &str) -> bool {
-    const NAMES: [&str; 16] = [
+    // Prefixes of the allocator's own functions only: `__libc_recv` and the like are system
+    // call wrappers, not allocation.
+    const PREFIXES: [&str; 19] = [
         "malloc",
         "free",
         "realloc",
@@ -196,16 +199,19 @@ fn is_allocator(leaf: &str) -> bool {
         "_int_malloc",
         "_int_free",
         "_int_realloc",
-        "malloc_consolidate",
         "unlink_chunk",
         "tcache_",
         "sysmalloc",
-        "__libc_",
+        "__libc_malloc",
+        "__libc_free",
+        "__libc_calloc",
+        "__libc_realloc",
         "__rust_alloc",
         "__rust_dealloc",
         "__rust_realloc",
+        "__rustc::__rdl_",
     ];
-    NAMES.iter().any(|name| leaf.starts_with(name))
+    PREFIXES.iter().any(|prefix| leaf.starts_with(prefix))
 }
 
 /// Samples of folded stacks (`stack count` lines) by part.
@@ -247,10 +253,8 @@ impl ProfileRun {
 
     /// What `part` cost a decision in this run, in µs.
     fn micros(&self, part: Part) -> Option<f64> {
-        let samples = self.samples();
-        let share = *self.parts.get(&part).unwrap_or(&0) as f64 / samples as f64;
-        (samples > 0 && self.load.decisions > 0)
-            .then(|| self.cpu_seconds / self.load.decisions as f64 * 1e6 * share)
+        let share = share(self, part)?;
+        crate::scenario::micros_per(self.cpu_seconds, self.load.decisions).map(|cpu| cpu * share)
     }
 }
 
@@ -659,10 +663,10 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          samples are folded into stacks with inferno. Each sample counts in the first part its \
          stack is in: the service's *handler* (`should_rate_limit`: tollgate's whole decision, \
          or the empty server's building of its answer), the *Redis client* (the redis crate's \
-         connection task), the *kernel* (a sample that stopped in a system call or an \
-         interrupt), the C library's *allocator*, the *gRPC, HTTP/2* stack (tonic, tower, \
-         axum, hyper, h2, http, prost, bytes), *tokio* (its scheduler and I/O driver), or \
-         *other*. A part's µs per decision is the server's CPU per decision (sampling \
+         connection task), the *kernel* (a sample that stopped in a system call, an \
+         interrupt or the kernel's vDSO clock), the C library's *allocator*, the *gRPC, \
+         HTTP/2* stack (tonic, tower, axum, hyper, h2, http, prost, bytes), *tokio* (its \
+         scheduler and I/O driver), or *other*. A part's µs per decision is the server's CPU per decision (sampling \
          included, which costs every server alike) times the part's share of the samples; \
          the medians of the runs.\n",
         measured(&conditions),
@@ -748,6 +752,10 @@ mod tests {
         assert_eq!(Part::of(recv), Part::Kernel);
         let alloc = "tokio-rt-worker;h2::proto::streams::Recv::recv_data;_int_malloc";
         assert_eq!(Part::of(alloc), Part::Allocator);
+        // A system call's wrapper in the C library is not its allocator.
+        let wrapper = "tokio-rt-worker;<h2::codec::framed_read::FramedRead<T> as \
+                       futures_core::stream::Stream>::poll_next;__libc_recv";
+        assert_eq!(Part::of(wrapper), Part::Grpc);
         let grpc = "tokio-rt-worker;tokio::runtime::task::harness::Harness<T,S>::poll;\
                     <hyper::proto::h2::server::Server<T,S,B,E> as core::future::future::\
                     Future>::poll;__memmove_avx_unaligned_erms";
