@@ -679,7 +679,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ("min–max", Align::Right),
         ("p50 ms", Align::Right),
         ("p99 ms", Align::Right),
-        ("samples", Align::Right),
+        ("samples, all runs", Align::Right),
         ("CPU µs/decision", Align::Right),
     ];
     columns.extend(Part::ALL.iter().map(|part| (part.column(), Align::Right)));
