@@ -505,11 +505,14 @@ impl Scenario for Profile {
         bench.servers.ensure(Backend::Memory);
         bench.servers.ensure(Backend::Redis);
         let dir = bench.records.dir().to_owned();
+        // Stacks of an earlier run would otherwise be drawn with this run's.
         for server in Server::ALL {
             let path = folded_path(&dir, server);
-            if path.exists() {
-                std::fs::remove_file(&path)
-                    .with_context(|| format!("removing {}", path.display()))?;
+            match std::fs::remove_file(&path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(error).with_context(|| format!("removing {}", path.display()));
+                }
+                _ => {}
             }
         }
         let (servers, tools) = bench.split();
