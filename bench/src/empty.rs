@@ -5,12 +5,13 @@
 //!
 //! `tollgate-bench empty-server` runs it as a process of its own, so that it is measured exactly
 //! as tollgate is (beside, not inside, the load generator); it prints `listening on ADDR` once
-//! bound.
+//! bound. [`EmptyProcess`] starts it so from a scenario.
 
-use std::io::Write as _;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
+use std::process::{Command, Stdio};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tollgate::proto::rate_limit_response::{Code, DescriptorStatus};
 use tollgate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
@@ -18,6 +19,57 @@ use tollgate::proto::{RateLimitRequest, RateLimitResponse};
 use tollgate::server::runtime::{self, Wakeups};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+
+use crate::proc::OwnedChild;
+use crate::stand::MeasuredServer;
+
+/// The empty server as a child process, killed when dropped.
+pub struct EmptyProcess {
+    process: OwnedChild,
+    addr: SocketAddr,
+}
+
+impl EmptyProcess {
+    /// Starts the empty server on a free loopback port and waits until it listens.
+    pub fn start() -> anyhow::Result<EmptyProcess> {
+        let exe = std::env::current_exe().context("finding tollgate-bench itself")?;
+        let mut process = OwnedChild::new(
+            Command::new(exe)
+                .args(["empty-server", "--listen", "127.0.0.1:0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting the empty RLS server")?,
+        );
+        let mut line = String::new();
+        if let Some(stdout) = process.child().stdout.take() {
+            BufReader::new(stdout).read_line(&mut line)?;
+        }
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|addr| addr.parse().ok());
+        match addr {
+            Some(addr) => Ok(EmptyProcess { process, addr }),
+            None => bail!("the empty RLS server did not say where it listens: {line:?}"),
+        }
+    }
+}
+
+impl MeasuredServer for EmptyProcess {
+    fn grpc_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn pid(&self) -> anyhow::Result<u32> {
+        Ok(self.process.id())
+    }
+
+    fn log(&self) -> String {
+        // Its output is only the address it listens on; it reports nothing else.
+        String::new()
+    }
+}
 
 /// The options of `tollgate-bench empty-server`.
 #[derive(Debug, Clone, clap::Args)]

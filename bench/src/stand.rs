@@ -244,6 +244,38 @@ pub fn script_calls(stats: &BTreeMap<String, CommandStat>) -> u64 {
         .sum()
 }
 
+/// A server process a scenario sends load to and measures: tollgate on its stand, or the empty
+/// RLS server it is compared with. Scenarios that load both ask them the same questions here.
+pub trait MeasuredServer {
+    /// The gRPC address to send load to.
+    fn grpc_addr(&self) -> SocketAddr;
+
+    /// The server process's id, or an error when it is no longer running.
+    fn pid(&self) -> anyhow::Result<u32>;
+
+    /// CPU seconds the server process has used so far (all its threads).
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        crate::proc::cpu_seconds(self.pid()?)
+    }
+
+    /// What the server logged, to explain a failure; empty for a server that logs nothing.
+    fn log(&self) -> String;
+}
+
+impl MeasuredServer for Stand<'_> {
+    fn grpc_addr(&self) -> SocketAddr {
+        Stand::grpc_addr(self)
+    }
+
+    fn pid(&self) -> anyhow::Result<u32> {
+        self.tollgate_pid()
+    }
+
+    fn log(&self) -> String {
+        self.tollgate.log()
+    }
+}
+
 /// tollgate serving one policy on one backend, and the Redis processes behind it.
 pub struct Stand<'a> {
     /// Holds tollgate, Redis and the generator on the CPUs of a [`Layout`], if one was asked.

@@ -12,24 +12,22 @@
 //! process, and the latency at half the peak, sharing the cores and apart.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
+use crate::empty::EmptyProcess;
 use crate::load::summary::Summary;
-use crate::proc::{Layout, OwnedChild};
+use crate::proc::Layout;
 use crate::scenario::{
     Algorithm, Bench, Connections, Loader, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
     conditions_of, load_cells, per_decision_cell, policy, rotation, run_ratios, runs_of, say,
     uniform_shape,
 };
-use crate::stand::{Backend, Servers, Stand};
+use crate::stand::{Backend, MeasuredServer, Servers, Stand};
 
 /// The options of `grpc-floor`.
 #[derive(Debug, Clone, clap::Args)]
@@ -117,41 +115,6 @@ impl FloorRun {
     }
 }
 
-/// The empty server as a child process, killed when dropped.
-pub(crate) struct EmptyProcess {
-    /// The `tollgate-bench empty-server` process.
-    pub(crate) process: OwnedChild,
-    /// Where it listens.
-    pub(crate) addr: SocketAddr,
-}
-
-impl EmptyProcess {
-    /// Starts the empty server on a free loopback port and waits until it listens.
-    pub(crate) fn start() -> anyhow::Result<EmptyProcess> {
-        let exe = std::env::current_exe().context("finding tollgate-bench itself")?;
-        let mut process = OwnedChild::new(
-            Command::new(exe)
-                .args(["empty-server", "--listen", "127.0.0.1:0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("starting the empty RLS server")?,
-        );
-        let mut line = String::new();
-        if let Some(stdout) = process.child().stdout.take() {
-            BufReader::new(stdout).read_line(&mut line)?;
-        }
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .and_then(|addr| addr.parse().ok());
-        match addr {
-            Some(addr) => Ok(EmptyProcess { process, addr }),
-            None => bail!("the empty RLS server did not say where it listens: {line:?}"),
-        }
-    }
-}
-
 /// tollgate and the empty server side by side, with the generator's connections to each.
 struct Pair<'a> {
     tollgate: Stand<'a>,
@@ -181,7 +144,7 @@ impl<'a> Pair<'a> {
     ) -> anyhow::Result<Pair<'a>> {
         let connections = [
             loader.connect(&[tollgate.grpc_addr()], connections)?,
-            loader.connect(&[empty.addr], connections)?,
+            loader.connect(&[empty.grpc_addr()], connections)?,
         ];
         Ok(Pair {
             tollgate,
@@ -190,15 +153,19 @@ impl<'a> Pair<'a> {
         })
     }
 
-    fn cpu_seconds(&self, server: Server) -> anyhow::Result<f64> {
+    fn server(&self, server: Server) -> &dyn MeasuredServer {
         match server {
-            Server::Tollgate => self.tollgate.tollgate_cpu_seconds(),
-            Server::Empty => self.empty.process.cpu_seconds(),
+            Server::Tollgate => &self.tollgate,
+            Server::Empty => &self.empty,
         }
     }
 
+    fn cpu_seconds(&self, server: Server) -> anyhow::Result<f64> {
+        self.server(server).cpu_seconds()
+    }
+
     fn pids(&self) -> anyhow::Result<[u32; 2]> {
-        Ok([self.tollgate.tollgate_pid()?, self.empty.process.id()])
+        Ok([self.tollgate.pid()?, self.empty.pid()?])
     }
 }
 

@@ -28,15 +28,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::doc::{Align, Table, count, fixed, measured, median, percent};
+use crate::empty::EmptyProcess;
 use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
-use crate::scenario::grpc_floor::EmptyProcess;
 use crate::scenario::{
     Algorithm, Bench, ClosedLoopOptions, Connections, Phase, Scenario, ScenarioName,
     UNREACHABLE_LIMIT, conditions_of, load_cells, per_decision_cell, policy, rotation, runs_of,
     say, uniform_shape,
 };
-use crate::stand::{Backend, Stand};
+use crate::stand::{Backend, MeasuredServer, Stand};
 
 /// Samples a second per thread: a prime, so sampling does not beat with periodic work.
 pub const FREQUENCY: u32 = 499;
@@ -450,37 +450,8 @@ fn perf_unavailable() -> Option<String> {
 /// A server to sample: its process, its CPU and the generator's connections to it.
 struct Sampled<'a> {
     server: Server,
-    process: Process<'a>,
+    process: Box<dyn MeasuredServer + 'a>,
     connections: Connections,
-}
-
-/// tollgate or the empty server.
-enum Process<'a> {
-    Tollgate(Box<Stand<'a>>),
-    Empty(EmptyProcess),
-}
-
-impl Process<'_> {
-    fn pid(&self) -> anyhow::Result<u32> {
-        match self {
-            Process::Tollgate(stand) => stand.tollgate_pid(),
-            Process::Empty(empty) => Ok(empty.process.id()),
-        }
-    }
-
-    fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        match self {
-            Process::Tollgate(stand) => stand.tollgate_cpu_seconds(),
-            Process::Empty(empty) => empty.process.cpu_seconds(),
-        }
-    }
-
-    fn log(&self) -> String {
-        match self {
-            Process::Tollgate(stand) => stand.tollgate.log(),
-            Process::Empty(_) => String::new(),
-        }
-    }
 }
 
 const KEY: &str = "user";
@@ -518,25 +489,16 @@ impl Scenario for Profile {
         let (servers, tools) = bench.split();
         let mut sampled = Vec::new();
         for server in Server::ALL {
-            let process = match server {
-                Server::TollgateMemory => Process::Tollgate(Box::new(Stand::start(
-                    servers,
-                    Backend::Memory,
-                    &policy,
-                    "deny",
-                )?)),
-                Server::TollgateRedis => Process::Tollgate(Box::new(Stand::start(
-                    servers,
-                    Backend::Redis,
-                    &policy,
-                    "deny",
-                )?)),
-                Server::Empty => Process::Empty(EmptyProcess::start()?),
+            let process: Box<dyn MeasuredServer> = match server {
+                Server::TollgateMemory => {
+                    Box::new(Stand::start(servers, Backend::Memory, &policy, "deny")?)
+                }
+                Server::TollgateRedis => {
+                    Box::new(Stand::start(servers, Backend::Redis, &policy, "deny")?)
+                }
+                Server::Empty => Box::new(EmptyProcess::start()?),
             };
-            let addr = match &process {
-                Process::Tollgate(stand) => stand.grpc_addr(),
-                Process::Empty(empty) => empty.addr,
-            };
+            let addr = process.grpc_addr();
             let connections = tools.loader.connect(&[addr], options.load.connections)?;
             sampled.push(Sampled {
                 server,
