@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::{Algorithm, DOMAIN, UNREACHABLE_LIMIT, WINDOW_MS};
@@ -41,21 +41,11 @@ pub fn key_suffixes(algorithm: Algorithm) -> &'static [&'static str] {
 
 /// The `redis-benchmark` binary: `$TOLLGATE_REDIS_BENCHMARK`, else the one on the `PATH`.
 pub fn redis_benchmark_bin() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("TOLLGATE_REDIS_BENCHMARK").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
-    }
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("redis-benchmark"))
-                .find(|path| path.is_file())
-        })
-        .ok_or_else(|| {
-            anyhow!(
-                "redis-benchmark is not installed: it comes with the Debian package redis-tools \
-                 (apt-get install redis-tools), or set $TOLLGATE_REDIS_BENCHMARK"
-            )
-        })
+    crate::proc::find_tool(
+        "TOLLGATE_REDIS_BENCHMARK",
+        "redis-benchmark",
+        "it comes with the Debian package redis-tools (apt-get install redis-tools)",
+    )
 }
 
 /// One ceiling to measure.

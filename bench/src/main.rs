@@ -12,6 +12,7 @@
 mod ceiling;
 mod doc;
 mod empty;
+mod h2load;
 mod load;
 mod machine;
 mod proc;

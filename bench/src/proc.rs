@@ -1,6 +1,24 @@
-//! Readings from Linux `/proc`: CPU time of a process and the load average.
+//! Readings from Linux `/proc` (CPU time of a process, the load average), and the processes
+//! and tools the benchmarks run.
+
+use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
+
+/// A tool the benchmarks run: the path in `$env_var` when it is set, else `name` on the `PATH`;
+/// `install` says where to get it when it is neither.
+pub fn find_tool(env_var: &str, name: &str, install: &str) -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(env_var).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(name))
+                .find(|path| path.is_file())
+        })
+        .ok_or_else(|| anyhow!("{name} is not installed: {install}, or set ${env_var}"))
+}
 
 /// User + system CPU seconds process `pid` has used so far (all its threads).
 pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
@@ -350,11 +368,6 @@ impl OwnedChild {
     /// The process itself (its pipes, its exit status).
     pub fn child(&mut self) -> &mut std::process::Child {
         &mut self.child
-    }
-
-    /// User + system CPU seconds the process has used so far.
-    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        cpu_seconds(self.child.id())
     }
 
     /// The process id.

@@ -27,15 +27,19 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
+use crate::doc::{
+    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
+};
+use crate::h2load::{H2Load, H2LoadSummary};
 use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, ClosedLoopOptions, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
-    WINDOW_MS, conditions_of, policy, rotation, run_ratios, runs_of, say, served_cells,
-    uniform_shape,
+    WINDOW_MS, conditions_of, per_decision_cell, policy, records_of, rotation, run_ratios, runs_of,
+    say, served_cells, uniform_shape,
 };
-use crate::stand::{Backend, Stand};
+use crate::stand::{Backend, MeasuredServer, Stand};
+use tollgate::proto::rate_limit_response::Code;
 
 /// The options of `limitador`.
 #[derive(Debug, Clone, clap::Args)]
@@ -47,6 +51,14 @@ pub struct LimitadorOptions {
     /// The closed loop sent to each server.
     #[command(flatten)]
     pub load: ClosedLoopOptions,
+
+    /// h2load's HTTP/2 connections to each server, in the runs that follow the generator's.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub h2load_connections: u32,
+
+    /// h2load's calls in flight on each of its connections.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub h2load_streams: u32,
 }
 
 /// The `limitador` scenario.
@@ -133,6 +145,34 @@ pub struct LimitadorRun {
     pub redis_commands: u64,
 }
 
+/// One h2load run of one server: the same request (one descriptor value) over and over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct H2LoadRun {
+    /// Which server.
+    pub server: Server,
+    /// Run number, from 1.
+    pub run: u32,
+    /// h2load's connections.
+    pub connections: u32,
+    /// h2load's calls in flight on each connection.
+    pub streams: u32,
+    /// What h2load measured.
+    pub load: H2LoadSummary,
+    /// What the run cost the server and Redis.
+    pub cost: Cost,
+}
+
+/// What a run cost the server and Redis.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Cost {
+    /// CPU seconds the server process used.
+    pub cpu_seconds: f64,
+    /// CPU seconds redis-server used.
+    pub redis_cpu_seconds: f64,
+    /// Commands Redis served (a script's own commands included).
+    pub redis_commands: u64,
+}
+
 /// limitador-server as a child process, killed when dropped.
 struct LimitadorProcess {
     process: OwnedChild,
@@ -200,13 +240,19 @@ impl LimitadorProcess {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+impl MeasuredServer for LimitadorProcess {
+    fn grpc_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn pid(&self) -> anyhow::Result<u32> {
+        Ok(self.process.id())
+    }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        self.process.cpu_seconds()
     }
 }
 
@@ -260,21 +306,19 @@ impl Scenario for Limitador {
                 LimitadorProcess::start(&binary, dir, server.storage(), &redis_url, &limits)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        // One set of connections per server, in the order of `Server::ALL`.
-        let connections = std::iter::once(tollgate.grpc_addr())
-            .chain(limitadors.iter().map(|limitador| limitador.addr))
-            .map(|addr| tools.loader.connect(&[addr], options.load.connections))
+        // In the order of `Server::ALL`, which is the enum's own, so `server as usize` indexes it.
+        let measured: [&dyn MeasuredServer; 3] = [&tollgate, &limitadors[0], &limitadors[1]];
+        // One set of connections per server.
+        let connections = measured
+            .iter()
+            .map(|server| {
+                tools
+                    .loader
+                    .connect(&[server.grpc_addr()], options.load.connections)
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let cpu = |server: Server| match server {
-            Server::Tollgate => tollgate.tollgate_cpu_seconds(),
-            Server::LimitadorRedis => limitadors[0].cpu_seconds(),
-            Server::LimitadorRedisCached => limitadors[1].cpu_seconds(),
-        };
-        let log = |server: Server| match server {
-            Server::Tollgate => tollgate.tollgate.log(),
-            Server::LimitadorRedis => limitadors[0].log(),
-            Server::LimitadorRedisCached => limitadors[1].log(),
-        };
+        let cpu = |server: Server| measured[server as usize].cpu_seconds();
+        let log = |server: Server| measured[server as usize].log();
         let shape = uniform_shape(vec![KEY.to_owned()], options.load.keys);
         let phase = |duration| Phase {
             shape: Arc::clone(&shape),
@@ -296,22 +340,30 @@ impl Scenario for Limitador {
                 );
             }
         }
-        for run in 1..=tools.scale.runs {
-            for index in rotation(run, Server::ALL.len()) {
-                let server = Server::ALL[index];
-                tollgate.nodes.reset_stats();
-                let before = cpu(server)?;
-                let redis_before = tollgate.redis_cpu_seconds()?;
-                let load = tools
-                    .loader
-                    .drive(&connections[index], &phase(tools.scale.duration))?;
-                let cpu_seconds = cpu(server)? - before;
-                let redis_cpu_seconds = tollgate.redis_cpu_seconds()? - redis_before;
-                let redis_commands = crate::stand::command_stats(redis)?
+        // What a run costs the server and Redis: readings before it, then the cost since them.
+        let readings = |server: Server| {
+            tollgate.nodes.reset_stats();
+            anyhow::Ok((cpu(server)?, tollgate.redis_cpu_seconds()?))
+        };
+        let cost_since = |server: Server, (cpu_before, redis_before): (f64, f64)| {
+            anyhow::Ok(Cost {
+                cpu_seconds: cpu(server)? - cpu_before,
+                redis_cpu_seconds: tollgate.redis_cpu_seconds()? - redis_before,
+                redis_commands: crate::stand::command_stats(redis)?
                     .iter()
                     .filter(|(name, _)| !matches!(name.as_str(), "info" | "config|resetstat"))
                     .map(|(_, stat)| stat.calls)
-                    .sum();
+                    .sum(),
+            })
+        };
+        for run in 1..=tools.scale.runs {
+            for index in rotation(run, Server::ALL.len()) {
+                let server = Server::ALL[index];
+                let before = readings(server)?;
+                let load = tools
+                    .loader
+                    .drive(&connections[index], &phase(tools.scale.duration))?;
+                let cost = cost_since(server, before)?;
                 if load.decisions == 0 {
                     bail!(
                         "{} decided nothing: {:?}\n{}",
@@ -333,9 +385,65 @@ impl Scenario for Limitador {
                         run,
                         concurrency: options.load.concurrency,
                         load,
-                        cpu_seconds,
-                        redis_cpu_seconds,
-                        redis_commands,
+                        cpu_seconds: cost.cpu_seconds,
+                        redis_cpu_seconds: cost.redis_cpu_seconds,
+                        redis_commands: cost.redis_commands,
+                    },
+                )?;
+            }
+        }
+
+        // The same servers under h2load, where it is installed.
+        let h2load = match H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0")) {
+            Ok(h2load) => h2load,
+            Err(error) => {
+                say(&format!("  limitador: no h2load runs: {error:#}"));
+                return Ok(());
+            }
+        };
+        let h2load_run = |server: Server, duration| {
+            h2load.run(
+                measured[server as usize].grpc_addr(),
+                duration,
+                options.h2load_connections,
+                options.h2load_streams,
+            )
+        };
+        for server in Server::ALL {
+            // h2load sees only HTTP statuses: the request it repeats must be decided, and OK.
+            let answer = tools
+                .loader
+                .call(measured[server as usize].grpc_addr(), h2load.request())?;
+            if answer.overall_code != Code::Ok as i32 {
+                bail!(
+                    "{} answered h2load's request with {:?}:\n{}",
+                    server.label(),
+                    answer,
+                    log(server)
+                );
+            }
+            h2load_run(server, tools.scale.warmup)?;
+        }
+        for run in 1..=tools.scale.runs {
+            for index in rotation(run, Server::ALL.len()) {
+                let server = Server::ALL[index];
+                let before = readings(server)?;
+                let load = h2load_run(server, tools.scale.duration)?;
+                let cost = cost_since(server, before)?;
+                say(&format!(
+                    "  limitador h2load run {run} {}: {}/s",
+                    server.label(),
+                    count(Some(load.requests_per_second)),
+                ));
+                tools.records.record(
+                    "h2load",
+                    &H2LoadRun {
+                        server,
+                        run,
+                        connections: options.h2load_connections,
+                        streams: options.h2load_streams,
+                        load,
+                        cost,
                     },
                 )?;
             }
@@ -398,24 +506,104 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         table.row(row);
     }
     out.push_str(&table.render());
+    write_ratios(
+        &mut out,
+        "tollgate",
+        &runs,
+        |r| (r.server, r.run),
+        |r| r.load.decisions_per_second,
+    );
+    render_h2load(&records_of(records, "h2load")?, &mut out);
+    Ok(out)
+}
+
+/// The h2load runs' table and ratios, when there are any.
+fn render_h2load(runs: &[H2LoadRun], out: &mut String) {
+    let Some(first) = runs.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\nThe same servers under h2load (nghttp2's load generator, a C client that spends far \
+         less CPU on a call than the generator above, so it leaves the servers more of the \
+         cores they share with it), after the runs above, each run rotating which goes first: \
+         {} connections × {} calls in flight, every call the same request (one descriptor \
+         value, so one counter in Redis), checked once to be answered OK, since h2load sees only \
+         HTTP statuses. h2load reports the mean latency, not percentiles.\n",
+        first.connections, first.streams,
+    );
+    let mut table = Table::new(&[
+        ("server", Align::Left),
+        ("decisions/s", Align::Right),
+        ("min–max", Align::Right),
+        ("mean ms", Align::Right),
+        ("server CPU µs/decision", Align::Right),
+        ("Redis CPU µs/decision", Align::Right),
+        ("Redis commands/decision", Align::Right),
+    ]);
+    for server in Server::ALL {
+        let runs: Vec<&H2LoadRun> = runs.iter().filter(|r| r.server == server).collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let per_second = || runs.iter().map(|r| r.load.requests_per_second);
+        let decisions = |r: &H2LoadRun| r.load.succeeded;
+        table.row(vec![
+            server.label().to_owned(),
+            count(median(per_second())),
+            count_range(range(per_second())),
+            ms(median(runs.iter().map(|r| r.load.mean_latency_us))),
+            per_decision_cell(runs.iter().map(|r| (r.cost.cpu_seconds, decisions(r)))),
+            per_decision_cell(
+                runs.iter()
+                    .map(|r| (r.cost.redis_cpu_seconds, decisions(r))),
+            ),
+            fixed(
+                median(
+                    runs.iter()
+                        .filter(|r| decisions(r) > 0)
+                        .map(|r| r.cost.redis_commands as f64 / decisions(r) as f64),
+                ),
+                2,
+            ),
+        ]);
+    }
+    out.push_str(&table.render());
+    write_ratios(
+        out,
+        "Under h2load, tollgate",
+        runs,
+        |r| (r.server, r.run),
+        |r| r.load.requests_per_second,
+    );
+}
+
+/// A line "`lead` ÷ <limitador storage>, the median of the runs' ratios: …" for each storage of
+/// limitador that `runs` measured beside tollgate; `of` names a run's server and number.
+fn write_ratios<R>(
+    out: &mut String,
+    lead: &str,
+    runs: &[R],
+    of: impl Fn(&R) -> (Server, u32),
+    rate: impl Fn(&R) -> f64,
+) {
     for other in [Server::LimitadorRedis, Server::LimitadorRedisCached] {
         let ratios = run_ratios(
-            &runs,
-            |r| r.run,
-            |r| r.server == Server::Tollgate,
-            |r| r.server == other,
-            |r| r.load.decisions_per_second,
+            runs,
+            |r| of(r).1,
+            |r| of(r).0 == Server::Tollgate,
+            |r| of(r).0 == other,
+            &rate,
         );
         if !ratios.is_empty() {
             let _ = writeln!(
                 out,
-                "\ntollgate ÷ {}, the median of the runs' ratios: {}.",
+                "\n{lead} ÷ {}, the median of the runs' ratios: {}.",
                 other.label(),
                 times_by_run(&ratios),
             );
         }
     }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -432,6 +620,56 @@ mod tests {
     }
 
     #[test]
+    fn h2load_runs_give_a_table_and_the_ratio_of_each_run() {
+        let run = |server, run, per_second: f64, cpu_seconds| H2LoadRun {
+            server,
+            run,
+            connections: 4,
+            streams: 32,
+            load: H2LoadSummary {
+                done: per_second as u64,
+                succeeded: per_second as u64,
+                failed: 0,
+                requests_per_second: per_second,
+                mean_latency_us: 2_000.0,
+                max_latency_us: 9_000.0,
+            },
+            cost: Cost {
+                cpu_seconds,
+                redis_cpu_seconds: 0.5,
+                redis_commands: 4 * per_second as u64,
+            },
+        };
+        let runs = [
+            run(Server::Tollgate, 1, 60_000.0, 1.2),
+            run(Server::LimitadorRedis, 1, 20_000.0, 1.0),
+            run(Server::Tollgate, 2, 50_000.0, 1.0),
+            run(Server::LimitadorRedis, 2, 20_000.0, 1.0),
+        ];
+        let mut out = String::new();
+        render_h2load(&runs, &mut out);
+        assert!(out.contains("4 connections × 32 calls in flight"), "{out}");
+        assert!(
+            out.contains(
+                "| tollgate, redis (sliding window counter) | 55,000 | 50,000–60,000 | 2.00 | 20.0 | \
+                 9.2 | 4.00 |"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "Under h2load, tollgate ÷ limitador, redis (fixed window), the median of the \
+                 runs' ratios: 2.75× (runs: 3.00×, 2.50×)."
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("redis_cached"), "{out}");
+        let mut none = String::new();
+        render_h2load(&[], &mut none);
+        assert_eq!(none, "");
+    }
+
+    #[test]
     fn a_missing_binary_is_named_with_how_to_get_one() {
         let scenario = |path: Option<&str>| {
             Limitador::new(LimitadorOptions {
@@ -441,6 +679,8 @@ mod tests {
                     connections: 1,
                     keys: 1,
                 },
+                h2load_connections: 1,
+                h2load_streams: 1,
             })
         };
         let none = scenario(None).unavailable().unwrap_or_default();

@@ -40,6 +40,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::runtime::Runtime;
 use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
+use tollgate::proto::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
 
 use crate::doc::{count, count_range, fixed, median, ms, range};
@@ -569,6 +570,26 @@ impl Loader {
             );
         }
         Ok(Connections { clients })
+    }
+
+    /// Sends `request` once to the gRPC server at `addr`, on a connection of its own, and
+    /// returns the answer.
+    pub fn call(
+        &self,
+        addr: std::net::SocketAddr,
+        request: &RateLimitRequest,
+    ) -> anyhow::Result<RateLimitResponse> {
+        self.runtime.block_on(async {
+            let mut clients = connect(&format!("http://{addr}"), 1).await?;
+            let client = clients.first_mut().context("no connection to call on")?;
+            let mut call = tonic::Request::new(request.clone());
+            call.set_timeout(CALL_TIMEOUT);
+            let answer = client
+                .should_rate_limit(call)
+                .await
+                .with_context(|| format!("calling {addr}"))?;
+            Ok(answer.into_inner())
+        })
     }
 
     /// Sends `phase` over `connections` and summarises it.
