@@ -137,12 +137,10 @@ pub struct LimitadorRun {
     pub concurrency: u32,
     /// What the load generator saw.
     pub load: Summary,
-    /// CPU seconds the server process used during the run.
-    pub cpu_seconds: f64,
-    /// CPU seconds redis-server used during the run.
-    pub redis_cpu_seconds: f64,
-    /// Commands Redis served during the run (a script's own commands included).
-    pub redis_commands: u64,
+    /// What the run cost the server and Redis (its fields at the record's top level, as
+    /// records written before h2load runs were).
+    #[serde(flatten)]
+    pub cost: Cost,
 }
 
 /// One h2load run of one server: the same request (one descriptor value) over and over.
@@ -385,9 +383,7 @@ impl Scenario for Limitador {
                         run,
                         concurrency: options.load.concurrency,
                         load,
-                        cpu_seconds: cost.cpu_seconds,
-                        redis_cpu_seconds: cost.redis_cpu_seconds,
-                        redis_commands: cost.redis_commands,
+                        cost,
                     },
                 )?;
             }
@@ -422,7 +418,9 @@ impl Scenario for Limitador {
                     log(server)
                 );
             }
-            h2load_run(server, tools.scale.warmup)?;
+            if !tools.scale.warmup.is_zero() {
+                h2load_run(server, tools.scale.warmup)?;
+            }
         }
         for run in 1..=tools.scale.runs {
             for index in rotation(run, Server::ALL.len()) {
@@ -493,13 +491,13 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         let mut row = vec![server.label().to_owned()];
         row.extend(served_cells(
             runs.iter()
-                .map(|r| (&r.load, r.cpu_seconds, r.redis_cpu_seconds)),
+                .map(|r| (&r.load, r.cost.cpu_seconds, r.cost.redis_cpu_seconds)),
         ));
         row.push(fixed(
             median(
                 runs.iter()
                     .filter(|r| r.load.decisions > 0)
-                    .map(|r| r.redis_commands as f64 / r.load.decisions as f64),
+                    .map(|r| r.cost.redis_commands as f64 / r.load.decisions as f64),
             ),
             2,
         ));
