@@ -35,8 +35,8 @@ use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
     Algorithm, Bench, ClosedLoopOptions, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
-    WINDOW_MS, conditions_of, per_decision_cell, policy, records_of, rotation, run_ratios, runs_of,
-    say, served_cells, uniform_shape,
+    WINDOW_MS, conditions_of, load_cells, per_decision_cell, policy, records_of, rotation,
+    run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, MeasuredServer, Stand};
 use tollgate::proto::rate_limit_response::Code;
@@ -473,34 +473,28 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         measured(&conditions),
         first.concurrency,
     );
-    let mut table = Table::new(&[
-        ("server", Align::Left),
-        ("decisions/s", Align::Right),
-        ("min–max", Align::Right),
-        ("p50 ms", Align::Right),
-        ("p99 ms", Align::Right),
-        ("server CPU µs/decision", Align::Right),
-        ("Redis CPU µs/decision", Align::Right),
-        ("Redis commands/decision", Align::Right),
-    ]);
+    let mut table = Table::new(
+        &[
+            [
+                ("server", Align::Left),
+                ("decisions/s", Align::Right),
+                ("min–max", Align::Right),
+                ("p50 ms", Align::Right),
+                ("p99 ms", Align::Right),
+            ]
+            .as_slice(),
+            &COST_COLUMNS,
+        ]
+        .concat(),
+    );
     for server in Server::ALL {
         let runs: Vec<&LimitadorRun> = runs.iter().filter(|r| r.server == server).collect();
         if runs.is_empty() {
             continue;
         }
         let mut row = vec![server.label().to_owned()];
-        row.extend(served_cells(
-            runs.iter()
-                .map(|r| (&r.load, r.cost.cpu_seconds, r.cost.redis_cpu_seconds)),
-        ));
-        row.push(fixed(
-            median(
-                runs.iter()
-                    .filter(|r| r.load.decisions > 0)
-                    .map(|r| r.cost.redis_commands as f64 / r.load.decisions as f64),
-            ),
-            2,
-        ));
+        row.extend(load_cells(runs.iter().map(|r| &r.load)));
+        row.extend(cost_cells(runs.iter().map(|r| (r.cost, r.load.decisions))));
         table.row(row);
     }
     out.push_str(&table.render());
@@ -530,41 +524,34 @@ fn render_h2load(runs: &[H2LoadRun], out: &mut String) {
          HTTP statuses. h2load reports the mean latency, not percentiles.\n",
         first.connections, first.streams,
     );
-    let mut table = Table::new(&[
-        ("server", Align::Left),
-        ("decisions/s", Align::Right),
-        ("min–max", Align::Right),
-        ("mean ms", Align::Right),
-        ("server CPU µs/decision", Align::Right),
-        ("Redis CPU µs/decision", Align::Right),
-        ("Redis commands/decision", Align::Right),
-    ]);
+    let mut table = Table::new(
+        &[
+            [
+                ("server", Align::Left),
+                ("decisions/s", Align::Right),
+                ("min–max", Align::Right),
+                ("mean ms", Align::Right),
+            ]
+            .as_slice(),
+            &COST_COLUMNS,
+        ]
+        .concat(),
+    );
     for server in Server::ALL {
         let runs: Vec<&H2LoadRun> = runs.iter().filter(|r| r.server == server).collect();
         if runs.is_empty() {
             continue;
         }
         let per_second = || runs.iter().map(|r| r.load.requests_per_second);
-        let decisions = |r: &H2LoadRun| r.load.succeeded;
-        table.row(vec![
+        let mut row = vec![
             server.label().to_owned(),
             count(median(per_second())),
             count_range(range(per_second())),
             ms(median(runs.iter().map(|r| r.load.mean_latency_us))),
-            per_decision_cell(runs.iter().map(|r| (r.cost.cpu_seconds, decisions(r)))),
-            per_decision_cell(
-                runs.iter()
-                    .map(|r| (r.cost.redis_cpu_seconds, decisions(r))),
-            ),
-            fixed(
-                median(
-                    runs.iter()
-                        .filter(|r| decisions(r) > 0)
-                        .map(|r| r.cost.redis_commands as f64 / decisions(r) as f64),
-                ),
-                2,
-            ),
-        ]);
+        ];
+        // h2load counts answers, not decisions; the request was checked to be decided OK.
+        row.extend(cost_cells(runs.iter().map(|r| (r.cost, r.load.succeeded))));
+        table.row(row);
     }
     out.push_str(&table.render());
     write_ratios(
@@ -574,6 +561,31 @@ fn render_h2load(runs: &[H2LoadRun], out: &mut String) {
         |r| (r.server, r.run),
         |r| r.load.requests_per_second,
     );
+}
+
+/// The columns of what the runs cost, the same under either load generator.
+const COST_COLUMNS: [(&str, Align); 3] = [
+    ("server CPU µs/decision", Align::Right),
+    ("Redis CPU µs/decision", Align::Right),
+    ("Redis commands/decision", Align::Right),
+];
+
+/// The cells under [`COST_COLUMNS`] for one server's runs, each its cost and the decisions it
+/// paid for: the medians of the runs' server and Redis CPU and Redis commands per decision.
+fn cost_cells(runs: impl IntoIterator<Item = (Cost, u64)>) -> [String; 3] {
+    let runs: Vec<(Cost, u64)> = runs.into_iter().collect();
+    [
+        per_decision_cell(runs.iter().map(|(c, n)| (c.cpu_seconds, *n))),
+        per_decision_cell(runs.iter().map(|(c, n)| (c.redis_cpu_seconds, *n))),
+        fixed(
+            median(
+                runs.iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(c, n)| c.redis_commands as f64 / *n as f64),
+            ),
+            2,
+        ),
+    ]
 }
 
 /// A line "`lead` ÷ <limitador storage>, the median of the runs' ratios: …" for each storage of
