@@ -82,6 +82,7 @@
 
 #![warn(missing_docs)]
 
+mod allocator;
 pub mod backend;
 pub mod clock;
 pub mod config;

@@ -849,9 +849,9 @@ impl Shard {
 
 /// Returns the allocator's free pages to the operating system. glibc keeps freed small blocks in
 /// its arenas (it trims only the top of the heap on its own); `malloc_trim` also releases the
-/// whole free pages inside them. Other allocators return memory on their own.
+/// whole free pages inside them. jemalloc (the `jemalloc` feature) returns memory on its own.
 fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
     // SAFETY: malloc_trim only walks the allocator's own free lists; it takes no pointer and is
     // safe to call from any thread at any time.
     unsafe {

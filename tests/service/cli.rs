@@ -218,3 +218,25 @@ fn check_merges_domains_across_files_when_asked() {
         );
     }
 }
+
+/// The service allocates with jemalloc and reads its options: a background thread that returns
+/// freed pages while no traffic arrives runs beside the workers. (Without the `jemalloc` feature
+/// the C library's allocator runs, and has no such thread.)
+#[test]
+fn serve_runs_jemalloc_with_its_background_purge() {
+    let tollgate = tollgate_testkit::tollgate::Tollgate::start(
+        &tollgate_testkit::tollgate::per_user_per_minute(5),
+    );
+    let pid = tollgate.pid().expect("tollgate is running");
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("read the process's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect();
+    let purging = threads.iter().any(|name| name == "jemalloc_bg_thd");
+    assert_eq!(
+        purging,
+        cfg!(feature = "jemalloc"),
+        "threads of tollgate: {threads:?}"
+    );
+}
