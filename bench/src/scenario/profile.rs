@@ -107,7 +107,7 @@ pub enum Part {
     /// In the kernel: system calls (loopback TCP, futex, epoll), interrupts, and the clock
     /// the kernel maps into the process (vDSO), which perf names as kernel code too.
     Kernel,
-    /// In the C library's allocator.
+    /// In the allocator: jemalloc, or the C library's in a build without it.
     Allocator,
     /// In the gRPC and HTTP/2 stack (tonic, tower, axum, hyper, h2, http, prost, bytes).
     Grpc,
@@ -186,11 +186,21 @@ fn crate_of(frame: &str) -> &str {
     name.split("::").next().unwrap_or(name)
 }
 
-/// Whether a leaf frame is the C library's allocator, or Rust's entry points into it.
+/// Whether a leaf frame is the allocator (jemalloc, linked into the binary, or the C library's,
+/// in a build without it), or Rust's entry points into it.
 fn is_allocator(leaf: &str) -> bool {
     // Prefixes of the allocator's own functions only: `__libc_recv` and the like are system
-    // call wrappers, not allocation.
-    const PREFIXES: [&str; 19] = [
+    // call wrappers, not allocation. jemalloc's exported and internal functions carry the
+    // `_rjem_` prefix; its inlined fast paths keep their own names.
+    const PREFIXES: [&str; 27] = [
+        "_rjem_",
+        "<tikv_jemallocator::",
+        "tikv_jemallocator::",
+        "imalloc",
+        "ifree",
+        "isfree",
+        "cache_bin_",
+        "arena_",
         "malloc",
         "free",
         "realloc",
@@ -629,7 +639,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          stack is in: the service's *handler* (`should_rate_limit`: tollgate's whole decision, \
          or the empty server's building of its answer), the *Redis client* (the redis crate's \
          connection task), the *kernel* (a sample that stopped in a system call, an \
-         interrupt or the kernel's vDSO clock), the C library's *allocator*, the *gRPC, \
+         interrupt or the kernel's vDSO clock), the *allocator*, the *gRPC, \
          HTTP/2* stack (tonic, tower, axum, hyper, h2, http, prost, bytes), *tokio* (its \
          scheduler and I/O driver), or *other*. A part's µs per decision is the server's CPU per decision (sampling \
          included, which costs every server alike) times the part's share of the samples; \
@@ -717,6 +727,8 @@ mod tests {
         assert_eq!(Part::of(recv), Part::Kernel);
         let alloc = "tokio-rt-worker;h2::proto::streams::Recv::recv_data;_int_malloc";
         assert_eq!(Part::of(alloc), Part::Allocator);
+        let jemalloc = "tokio-rt-worker;h2::proto::streams::Recv::recv_data;_rjem_sdallocx";
+        assert_eq!(Part::of(jemalloc), Part::Allocator);
         // A system call's wrapper in the C library is not its allocator.
         let wrapper = "tokio-rt-worker;<h2::codec::framed_read::FramedRead<T> as \
                        futures_core::stream::Stream>::poll_next;__libc_recv";
