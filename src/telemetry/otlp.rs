@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::sync::OnceLock;
 
+use futures_util::FutureExt as _;
 use futures_util::future::Either;
 use opentelemetry::context::{FutureExt as _, WithContext};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
@@ -196,38 +197,46 @@ impl RequestSpan {
 
 /// Runs one backend `call` of `operation` on `hits` hits as a child span of the current request
 /// span, recording the backend and the call's outcome; runs it as is while tracing is off or
-/// outside a request span.
-pub async fn backend_call<T>(
+/// outside a request span. Whether to trace is decided when the call is made, in the context of
+/// the request that makes it.
+pub fn backend_call<T, F: Future<Output = T>>(
     operation: &'static str,
     hits: usize,
-    call: impl Future<Output = T>,
+    call: F,
     outcome: impl FnOnce(&T) -> CallOutcome,
-) -> T {
-    let Some(state) = STATE.get() else {
-        return call.await;
-    };
-    let parent = Context::current();
-    if !parent.has_active_span() {
-        return call.await;
+) -> impl Future<Output = T> {
+    let span = STATE.get().and_then(|state| {
+        let parent = Context::current();
+        parent.has_active_span().then(|| {
+            // Boxed: the span is large, and only traced calls carry it.
+            Box::new(
+                state
+                    .tracer
+                    .span_builder(format!("backend {operation}"))
+                    .with_kind(SpanKind::Client)
+                    .with_attributes([
+                        KeyValue::new("backend", state.backend),
+                        KeyValue::new("operation", operation),
+                        KeyValue::new("hits", hits as i64),
+                    ])
+                    .start_with_context(&state.tracer, &parent),
+            )
+        })
+    });
+    // Not an `async fn`: one awaiting the future it is handed holds it twice in its state (as
+    // the argument and as the future awaited), and every decision's future would carry the
+    // backend's call twice over.
+    match span {
+        None => Either::Left(call),
+        Some(mut span) => Either::Right(call.inspect(move |result| {
+            let outcome = outcome(result);
+            span.set_attribute(KeyValue::new("outcome", outcome.as_str()));
+            if outcome == CallOutcome::Error {
+                span.set_status(Status::error("backend call failed"));
+            }
+            span.end();
+        })),
     }
-    let mut span = state
-        .tracer
-        .span_builder(format!("backend {operation}"))
-        .with_kind(SpanKind::Client)
-        .with_attributes([
-            KeyValue::new("backend", state.backend),
-            KeyValue::new("operation", operation),
-            KeyValue::new("hits", hits as i64),
-        ])
-        .start_with_context(&state.tracer, &parent);
-    let result = call.await;
-    let outcome = outcome(&result);
-    span.set_attribute(KeyValue::new("outcome", outcome.as_str()));
-    if outcome == CallOutcome::Error {
-        span.set_status(Status::error("backend call failed"));
-    }
-    span.end();
-    result
 }
 
 /// The incoming headers as the W3C propagator reads them.
