@@ -473,20 +473,13 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         measured(&conditions),
         first.concurrency,
     );
-    let mut table = Table::new(
-        &[
-            [
-                ("server", Align::Left),
-                ("decisions/s", Align::Right),
-                ("min–max", Align::Right),
-                ("p50 ms", Align::Right),
-                ("p99 ms", Align::Right),
-            ]
-            .as_slice(),
-            &COST_COLUMNS,
-        ]
-        .concat(),
-    );
+    let mut table = cost_table(&[
+        ("server", Align::Left),
+        ("decisions/s", Align::Right),
+        ("min–max", Align::Right),
+        ("p50 ms", Align::Right),
+        ("p99 ms", Align::Right),
+    ]);
     for server in Server::ALL {
         let runs: Vec<&LimitadorRun> = runs.iter().filter(|r| r.server == server).collect();
         if runs.is_empty() {
@@ -524,19 +517,12 @@ fn render_h2load(runs: &[H2LoadRun], out: &mut String) {
          HTTP statuses. h2load reports the mean latency, not percentiles.\n",
         first.connections, first.streams,
     );
-    let mut table = Table::new(
-        &[
-            [
-                ("server", Align::Left),
-                ("decisions/s", Align::Right),
-                ("min–max", Align::Right),
-                ("mean ms", Align::Right),
-            ]
-            .as_slice(),
-            &COST_COLUMNS,
-        ]
-        .concat(),
-    );
+    let mut table = cost_table(&[
+        ("server", Align::Left),
+        ("decisions/s", Align::Right),
+        ("min–max", Align::Right),
+        ("mean ms", Align::Right),
+    ]);
     for server in Server::ALL {
         let runs: Vec<&H2LoadRun> = runs.iter().filter(|r| r.server == server).collect();
         if runs.is_empty() {
@@ -569,6 +555,11 @@ const COST_COLUMNS: [(&str, Align); 3] = [
     ("Redis CPU µs/decision", Align::Right),
     ("Redis commands/decision", Align::Right),
 ];
+
+/// A table of `load` columns followed by [`COST_COLUMNS`].
+fn cost_table(load: &[(&'static str, Align)]) -> Table {
+    Table::new(&[load, &COST_COLUMNS].concat())
+}
 
 /// The cells under [`COST_COLUMNS`] for one server's runs, each its cost and the decisions it
 /// paid for: the medians of the runs' server and Redis CPU and Redis commands per decision.
