@@ -6,7 +6,7 @@
 //! same request (one descriptor value), and it reports the mean latency, not percentiles.
 //!
 //! h2load only sees HTTP statuses, and a gRPC error is an HTTP 200 with a `grpc-status` trailer,
-//! so a scenario checks the same request with its own client first ([`H2Load::request`]).
+//! so a scenario checks the same request with its own client first ([`H2Load::check_answered_ok`]).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -21,6 +21,21 @@ use tempfile::NamedTempFile;
 use tollgate::proto::RateLimitDescriptor;
 use tollgate::proto::RateLimitRequest;
 use tollgate::proto::rate_limit_descriptor::Entry;
+use tollgate::proto::rate_limit_response::Code;
+
+use crate::scenario::Loader;
+
+/// How h2load loads each server, as a scenario's flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct H2LoadOptions {
+    /// h2load's HTTP/2 connections to each server, in the runs that follow the generator's.
+    #[arg(id = "h2load_connections", long = "h2load-connections", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+
+    /// h2load's calls in flight on each of its connections.
+    #[arg(id = "h2load_streams", long = "h2load-streams", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub streams: u32,
+}
 
 /// The path of the RLS v3 call on every server.
 const METHOD_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -87,20 +102,28 @@ impl H2Load {
         }
     }
 
-    /// The request every call sends.
-    pub fn request(&self) -> &RateLimitRequest {
-        &self.request
+    /// Checks, with `loader`'s own client, that `target` answers the request h2load repeats
+    /// with OK: h2load sees only HTTP statuses, and a gRPC error or an OVER_LIMIT answer is an
+    /// HTTP 200 too, so a run would count them as decisions.
+    pub fn check_answered_ok(&self, loader: &Loader, target: SocketAddr) -> anyhow::Result<()> {
+        let answer = loader.call(target, &self.request)?;
+        if answer.overall_code != Code::Ok as i32 {
+            bail!("{target} answered h2load's request with {answer:?}");
+        }
+        Ok(())
     }
 
-    /// Sends calls to `target` for `duration` on `connections` connections with `streams` in
-    /// flight on each, and reads what h2load measured.
+    /// Sends calls to `target` for `duration` as `options` say, and reads what h2load measured.
     pub fn run(
         &self,
         target: SocketAddr,
         duration: Duration,
-        connections: u32,
-        streams: u32,
+        options: &H2LoadOptions,
     ) -> anyhow::Result<H2LoadSummary> {
+        let H2LoadOptions {
+            connections,
+            streams,
+        } = *options;
         let output = Command::new(&self.binary)
             .arg("--duration")
             .arg(format!("{}ms", duration.as_millis().max(1)))
@@ -282,7 +305,13 @@ time for connect:       55us        80us        68us        17us   100.00%
         let addr = listener.local_addr().unwrap();
         runtime.spawn(crate::empty::serve(listener));
         let h2load = H2Load::new(H2Load::one_descriptor("bench", "user", "0")).unwrap();
-        let summary = h2load.run(addr, Duration::from_millis(300), 2, 4).unwrap();
+        let options = H2LoadOptions {
+            connections: 2,
+            streams: 4,
+        };
+        let summary = h2load
+            .run(addr, Duration::from_millis(300), &options)
+            .unwrap();
         assert!(summary.succeeded > 0, "{summary:?}");
         assert_eq!(summary.failed, 0, "{summary:?}");
         assert_eq!(summary.done, summary.succeeded, "{summary:?}");

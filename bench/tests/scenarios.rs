@@ -617,6 +617,29 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         doc.contains("tollgate ÷ empty server, the median of the runs' ratios: "),
         "{doc}"
     );
+    // Then both under h2load, each answering every call.
+    let floor_h2load = of_kind(&floor, "h2load");
+    for server in ["tollgate", "empty"] {
+        let run = floor_h2load
+            .iter()
+            .find(|r| r["server"] == server)
+            .unwrap_or_else(|| panic!("no grpc-floor h2load run of {server}: {floor_h2load:?}"));
+        assert!(number(run, &["load", "succeeded"]) > 0.0, "{run}");
+        assert_eq!(number(run, &["load", "failed"]), 0.0, "{run}");
+        assert!(number(run, &["cpu_seconds"]) > 0.0, "{run}");
+    }
+    assert!(
+        doc.contains("| server, h2load | decisions/s | min–max | mean ms | CPU µs/decision |"),
+        "{doc}"
+    );
+    assert!(
+        doc.contains("Under h2load, tollgate ÷ empty server, the median of the runs' ratios: "),
+        "{doc}"
+    );
+    assert_eq!(
+        table_after(&doc, "\nThe same two servers under h2load").len(),
+        2
+    );
     if apart_too {
         assert_eq!(
             table_after(&doc, "\nApart: a second tollgate and empty server").len(),

@@ -7,25 +7,30 @@
 //! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
 //! latency a server has when it is not saturated. Then the same again with a second pair of
 //! servers started on one CPU and a generator of their own on the others, so that a server's
-//! latency is not the time it waits for a core the generator holds. Reported: decisions per
-//! second of each, their ratio (the median of the runs' ratios), CPU per decision of each
-//! process, and the latency at half the peak, sharing the cores and apart.
+//! latency is not the time it waits for a core the generator holds. Last, where h2load is
+//! installed, the first pair again under h2load, which costs far less a call than our generator:
+//! with more of the shared cores left to the servers, the gap between them shows whole. Reported:
+//! decisions per second of each, their ratio (the median of the runs' ratios), CPU per decision
+//! of each process, and the latency at half the peak, sharing the cores and apart.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
+use crate::doc::{
+    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
+};
 use crate::empty::EmptyProcess;
+use crate::h2load::{H2Load, H2LoadOptions, H2LoadSummary};
 use crate::load::summary::Summary;
 use crate::proc::Layout;
 use crate::scenario::{
-    Algorithm, Bench, Connections, Loader, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT,
-    conditions_of, load_cells, per_decision_cell, policy, rotation, run_ratios, runs_of, say,
-    uniform_shape,
+    Algorithm, Bench, Connections, DOMAIN, Loader, Phase, Scenario, ScenarioName, Tools,
+    UNREACHABLE_LIMIT, conditions_of, load_cells, per_decision_cell, policy, records_of, rotation,
+    run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, MeasuredServer, Servers, Stand};
 
@@ -43,6 +48,10 @@ pub struct GrpcFloorOptions {
     /// Distinct values of the descriptor, drawn uniformly.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub keys: u64,
+
+    /// The h2load runs that follow the generator's.
+    #[command(flatten)]
+    pub h2load: H2LoadOptions,
 }
 
 /// The `grpc-floor` scenario.
@@ -113,6 +122,23 @@ impl FloorRun {
     fn is(&self, server: Server, open: bool, apart: bool) -> bool {
         self.server == server && self.target_rate.is_some() == open && self.apart == apart
     }
+}
+
+/// One h2load run of one server: the same request (one descriptor value) over and over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FloorH2LoadRun {
+    /// Which server.
+    pub server: Server,
+    /// Run number, from 1.
+    pub run: u32,
+    /// h2load's connections.
+    pub connections: u32,
+    /// h2load's calls in flight on each connection.
+    pub streams: u32,
+    /// What h2load measured.
+    pub load: H2LoadSummary,
+    /// CPU seconds the server process used during the run.
+    pub cpu_seconds: f64,
 }
 
 /// tollgate and the empty server side by side, with the generator's connections to each.
@@ -203,7 +229,7 @@ impl Scenario for GrpcFloor {
         let options = &self.options;
         let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
         bench.servers.ensure(Backend::Memory);
-        let (servers, tools) = bench.split();
+        let (servers, mut tools) = bench.split();
         let shared = Pair::start(servers, &policy, tools.loader, options.connections)?;
         // A machine with one CPU has nothing to set apart.
         let apart = match crate::proc::online_cpus() {
@@ -295,12 +321,64 @@ impl Scenario for GrpcFloor {
                 }
             }
         }
-        Ok(())
+        drop(apart);
+        h2load_runs(&shared, &mut tools, &options.h2load)
     }
 
     fn render(&self, records: &[Value]) -> anyhow::Result<String> {
         render(records)
     }
+}
+
+/// The first pair again under h2load, where it is installed: each run measures both servers,
+/// rotating which goes first.
+fn h2load_runs(pair: &Pair, tools: &mut Tools, options: &H2LoadOptions) -> anyhow::Result<()> {
+    let h2load = match H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0")) {
+        Ok(h2load) => h2load,
+        Err(error) => {
+            say(&format!("  grpc-floor: no h2load runs: {error:#}"));
+            return Ok(());
+        }
+    };
+    let servers = [Server::Tollgate, Server::Empty];
+    for server in servers {
+        let addr = pair.server(server).grpc_addr();
+        h2load
+            .check_answered_ok(tools.loader, addr)
+            .with_context(|| format!("{}:\n{}", server.label(), pair.tollgate.tollgate.log()))?;
+        if !tools.scale.warmup.is_zero() {
+            h2load.run(addr, tools.scale.warmup, options)?;
+        }
+    }
+    for run in 1..=tools.scale.runs {
+        for index in rotation(run, servers.len()) {
+            let server = servers[index];
+            let before = pair.cpu_seconds(server)?;
+            let load = h2load.run(
+                pair.server(server).grpc_addr(),
+                tools.scale.duration,
+                options,
+            )?;
+            let cpu_seconds = pair.cpu_seconds(server)? - before;
+            say(&format!(
+                "  grpc-floor h2load run {run} {}: {}/s",
+                server.label(),
+                count(Some(load.requests_per_second)),
+            ));
+            tools.records.record(
+                "h2load",
+                &FloorH2LoadRun {
+                    server,
+                    run,
+                    connections: options.connections,
+                    streams: options.streams,
+                    load,
+                    cpu_seconds,
+                },
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// The gRPC-floor section of the report.
@@ -337,6 +415,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         times_by_run(&ratios),
     );
     out.push_str(&open_loop_table(&runs, false));
+    render_h2load(&records_of(records, "h2load")?, &mut out);
     if runs.iter().any(|r| r.apart) {
         let _ = writeln!(
             out,
@@ -355,6 +434,55 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         out.push_str(&open_loop_table(&runs, true));
     }
     Ok(out)
+}
+
+/// The h2load runs' table and ratio, when there are any.
+fn render_h2load(runs: &[FloorH2LoadRun], out: &mut String) {
+    let Some(first) = runs.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\nThe same two servers under h2load (nghttp2's load generator, a C client that spends \
+         far less CPU on a call than the generator above, so it leaves the servers more of the \
+         cores they share with it), after the runs above, each run rotating which goes first: \
+         {} connections × {} calls in flight, every call the same request (one descriptor \
+         value), checked once to be answered OK, since h2load sees only HTTP statuses. h2load \
+         reports the mean latency, not percentiles.\n",
+        first.connections, first.streams,
+    );
+    let mut table = Table::new(&[
+        ("server, h2load", Align::Left),
+        ("decisions/s", Align::Right),
+        ("min–max", Align::Right),
+        ("mean ms", Align::Right),
+        ("CPU µs/decision", Align::Right),
+    ]);
+    for server in [Server::Tollgate, Server::Empty] {
+        let runs: Vec<&FloorH2LoadRun> = runs.iter().filter(|r| r.server == server).collect();
+        let per_second = || runs.iter().map(|r| r.load.requests_per_second);
+        table.row(vec![
+            server.label().to_owned(),
+            count(median(per_second())),
+            count_range(range(per_second())),
+            ms(median(runs.iter().map(|r| r.load.mean_latency_us))),
+            // h2load counts answers, not decisions; the request was checked to be decided OK.
+            per_decision_cell(runs.iter().map(|r| (r.cpu_seconds, r.load.succeeded))),
+        ]);
+    }
+    out.push_str(&table.render());
+    let ratios = run_ratios(
+        runs,
+        |r| r.run,
+        |r| r.server == Server::Tollgate,
+        |r| r.server == Server::Empty,
+        |r| r.load.requests_per_second,
+    );
+    let _ = writeln!(
+        out,
+        "\nUnder h2load, tollgate ÷ empty server, the median of the runs' ratios: {}.",
+        times_by_run(&ratios),
+    );
 }
 
 /// The closed-loop peaks of both servers, sharing the cores with the generator or apart from it.
@@ -414,4 +542,55 @@ fn open_loop_table(runs: &[FloorRun], apart: bool) -> String {
         ]);
     }
     table.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h2load_runs_give_a_table_and_the_ratio_of_each_run() {
+        let run = |server, run, per_second: f64, cpu_seconds| FloorH2LoadRun {
+            server,
+            run,
+            connections: 4,
+            streams: 32,
+            load: H2LoadSummary {
+                done: per_second as u64,
+                succeeded: per_second as u64,
+                failed: 0,
+                requests_per_second: per_second,
+                mean_latency_us: 1_500.0,
+                max_latency_us: 9_000.0,
+            },
+            cpu_seconds,
+        };
+        let runs = [
+            run(Server::Tollgate, 1, 90_000.0, 1.8),
+            run(Server::Empty, 1, 100_000.0, 1.5),
+            run(Server::Empty, 2, 100_000.0, 1.5),
+            run(Server::Tollgate, 2, 80_000.0, 1.6),
+        ];
+        let mut out = String::new();
+        render_h2load(&runs, &mut out);
+        assert!(out.contains("4 connections × 32 calls in flight"), "{out}");
+        assert!(
+            out.contains("| tollgate, memory backend | 85,000 | 80,000–90,000 | 1.50 | 20.0 |"),
+            "{out}"
+        );
+        assert!(
+            out.contains("| empty RLS server | 100,000 | 100,000–100,000 | 1.50 | 15.0 |"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "Under h2load, tollgate ÷ empty server, the median of the runs' ratios: 0.85× \
+                 (runs: 0.90×, 0.80×)."
+            ),
+            "{out}"
+        );
+        let mut none = String::new();
+        render_h2load(&[], &mut none);
+        assert_eq!(none, "");
+    }
 }

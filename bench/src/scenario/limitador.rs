@@ -30,7 +30,7 @@ use serde_json::Value;
 use crate::doc::{
     Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
 };
-use crate::h2load::{H2Load, H2LoadSummary};
+use crate::h2load::{H2Load, H2LoadOptions, H2LoadSummary};
 use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
@@ -39,7 +39,6 @@ use crate::scenario::{
     run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, MeasuredServer, Stand};
-use tollgate::proto::rate_limit_response::Code;
 
 /// The options of `limitador`.
 #[derive(Debug, Clone, clap::Args)]
@@ -52,13 +51,9 @@ pub struct LimitadorOptions {
     #[command(flatten)]
     pub load: ClosedLoopOptions,
 
-    /// h2load's HTTP/2 connections to each server, in the runs that follow the generator's.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub h2load_connections: u32,
-
-    /// h2load's calls in flight on each of its connections.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub h2load_streams: u32,
+    /// The h2load runs that follow the generator's.
+    #[command(flatten)]
+    pub h2load: H2LoadOptions,
 }
 
 /// The `limitador` scenario.
@@ -401,23 +396,13 @@ impl Scenario for Limitador {
             h2load.run(
                 measured[server as usize].grpc_addr(),
                 duration,
-                options.h2load_connections,
-                options.h2load_streams,
+                &options.h2load,
             )
         };
         for server in Server::ALL {
-            // h2load sees only HTTP statuses: the request it repeats must be decided, and OK.
-            let answer = tools
-                .loader
-                .call(measured[server as usize].grpc_addr(), h2load.request())?;
-            if answer.overall_code != Code::Ok as i32 {
-                bail!(
-                    "{} answered h2load's request with {:?}:\n{}",
-                    server.label(),
-                    answer,
-                    log(server)
-                );
-            }
+            h2load
+                .check_answered_ok(tools.loader, measured[server as usize].grpc_addr())
+                .with_context(|| format!("{}:\n{}", server.label(), log(server)))?;
             if !tools.scale.warmup.is_zero() {
                 h2load_run(server, tools.scale.warmup)?;
             }
@@ -438,8 +423,8 @@ impl Scenario for Limitador {
                     &H2LoadRun {
                         server,
                         run,
-                        connections: options.h2load_connections,
-                        streams: options.h2load_streams,
+                        connections: options.h2load.connections,
+                        streams: options.h2load.streams,
                         load,
                         cost,
                     },
@@ -680,8 +665,10 @@ mod tests {
                     connections: 1,
                     keys: 1,
                 },
-                h2load_connections: 1,
-                h2load_streams: 1,
+                h2load: H2LoadOptions {
+                    connections: 1,
+                    streams: 1,
+                },
             })
         };
         let none = scenario(None).unavailable().unwrap_or_default();
