@@ -4,9 +4,8 @@
 //!
 //! `cargo bench --bench memory_backend`
 
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+mod support;
+
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -14,19 +13,9 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use tollgate::backend::{Backend, Hit, MemoryBackend, Sharded};
 use tollgate::window::{Algorithm, Cost, Counting};
 
-const MANY_KEYS: usize = 10_000;
+use support::ready;
 
-/// Runs a future that never waits (the memory backend decides synchronously) to completion.
-fn ready<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        thread::yield_now();
-    }
-}
+const MANY_KEYS: usize = 10_000;
 
 fn hits(keys: usize, algorithm: Algorithm, limit: u64, shards: u16) -> Vec<Hit> {
     (0..keys)

@@ -10,10 +10,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tollgate::backend::lease::Leased;
 use tollgate::backend::redis::{ClusterBackend, RedisBackend, connect};
-use tollgate::backend::shard::Sharded;
-use tollgate::backend::{AnyBackend, LocalCache, MemoryBackend, PerSecond};
+use tollgate::backend::{self, AnyBackend, MemoryBackend};
 use tollgate::clock::{Clock, MonotonicClock, SystemClock};
 use tollgate::config::{Config, LoadOptions};
 use tollgate::limiter::Limiter;
@@ -311,12 +309,8 @@ fn metrics_options(settings: &Settings) -> MetricsOptions {
     }
 }
 
-/// The store, with the local over-limit cache below sharding (so its entries are per shard
-/// window) when it has a budget, and leases above it (so a slice comes from one shard) when the
-/// store is shared by instances.
-async fn connect_backend(
-    settings: &Settings,
-) -> anyhow::Result<Leased<Sharded<LocalCache<PerSecond<AnyBackend>>>>> {
+/// The store and what stands on it ([`backend::stack`]).
+async fn connect_backend(settings: &Settings) -> anyhow::Result<backend::Stack> {
     let backend = &settings.backend;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let main = match &backend.store {
@@ -350,20 +344,19 @@ async fn connect_backend(
         ),
         None => None,
     };
-    let stored = PerSecond::new(main, per_second);
     let cache_bytes = settings.behaviour.local_cache_bytes(&backend.store);
     tracing::info!(budget_bytes = cache_bytes, "local over-limit cache");
-    let cached = match &backend.store {
+    let (cache_clock, shared): (Arc<dyn Clock>, bool) = match &backend.store {
         // The memory backend decides by this clock: the cache reads the very same one.
-        Store::Memory => LocalCache::new(stored, clock, cache_bytes),
+        Store::Memory => (clock, false),
         // Redis decides by its own clock (TIME): durations are measured on a monotonic one.
-        Store::Redis(_) => LocalCache::new(stored, Arc::new(MonotonicClock::new()), cache_bytes),
+        Store::Redis(_) => (Arc::new(MonotonicClock::new()), true),
     };
-    // In one process every hit is already local: leases would only add work.
-    let shared = !matches!(backend.store, Store::Memory);
-    Ok(Leased::new(
-        Sharded::new(cached),
-        Arc::new(MonotonicClock::new()),
+    Ok(backend::stack(
+        main,
+        per_second,
+        cache_clock,
+        cache_bytes,
         shared,
     ))
 }

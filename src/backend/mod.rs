@@ -159,6 +159,31 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
+/// The backend `tollgate serve` decides with: the store, with the per-second store beside it if
+/// any; the local over-limit cache below sharding (so its entries are per shard window); leases
+/// above it (so a slice comes from one shard).
+pub type Stack = lease::Leased<Sharded<LocalCache<PerSecond<AnyBackend>>>>;
+
+/// Builds the [`Stack`] over `main` (and `per_second`, the store of per-second limits if they
+/// have their own). The cache holds `cache_bytes` (0: off), timed by `cache_clock`: the clock
+/// the store decides by when it is in this process, a monotonic one when the store reads its
+/// own. Leases are on only when the store is `shared` by instances: in one process every hit is
+/// already local, and leases would only add work.
+pub fn stack(
+    main: AnyBackend,
+    per_second: Option<AnyBackend>,
+    cache_clock: std::sync::Arc<dyn crate::clock::Clock>,
+    cache_bytes: u64,
+    shared: bool,
+) -> Stack {
+    let cached = LocalCache::new(PerSecond::new(main, per_second), cache_clock, cache_bytes);
+    lease::Leased::new(
+        Sharded::new(cached),
+        std::sync::Arc::new(crate::clock::MonotonicClock::new()),
+        shared,
+    )
+}
+
 /// The backend chosen at startup (`--backend`), dispatching to the concrete store.
 #[derive(Debug)]
 pub enum AnyBackend {
