@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tonic_health::ServingStatus;
@@ -27,6 +28,9 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Health {
     reporter: HealthReporter,
     state: Mutex<State>,
+    /// Whether calls wait for the first policies, kept beside `state` (written under its lock)
+    /// so that every call does not take that lock to learn it does not.
+    waiting: AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +70,7 @@ impl Health {
                 draining: false,
                 policies: Policies::default(),
             }),
+            waiting: AtomicBool::new(false),
         });
         health.publish().await;
         health
@@ -93,11 +98,16 @@ impl Health {
         domains: Option<usize>,
         waiting_for: String,
     ) {
-        self.lock().policies = Policies {
-            readiness,
-            domains,
-            waiting_for,
-        };
+        {
+            let mut state = self.lock();
+            state.policies = Policies {
+                readiness,
+                domains,
+                waiting_for,
+            };
+            self.waiting
+                .store(state.policies.waiting(), Ordering::Release);
+        }
         self.publish().await;
     }
 
@@ -107,6 +117,7 @@ impl Health {
             let mut state = self.lock();
             let before = state.policies.not_ready();
             state.policies.domains = Some(domains);
+            self.waiting.store(false, Ordering::Release);
             before != state.policies.not_ready()
         };
         if changed {
@@ -121,10 +132,12 @@ impl Health {
     /// Why requests cannot be decided yet: the source has not delivered its first policies and
     /// readiness waits for them. `None` once they are in (or when nothing waits for them).
     pub fn waiting_for_policies(&self) -> Option<String> {
+        if !self.waiting.load(Ordering::Acquire) {
+            return None;
+        }
         let state = self.lock();
         let policies = &state.policies;
-        (policies.readiness.wait_for_first_policies && policies.domains.is_none())
-            .then(|| policies.waiting_for.clone())
+        policies.waiting().then(|| policies.waiting_for.clone())
     }
 
     /// Marks the process as shutting down: NOT_SERVING from now on.
@@ -176,6 +189,11 @@ impl Health {
 }
 
 impl Policies {
+    /// Whether calls are answered UNAVAILABLE until the first policies arrive.
+    fn waiting(&self) -> bool {
+        self.readiness.wait_for_first_policies && self.domains.is_none()
+    }
+
     /// Why the policies keep tollgate from being ready, if they do.
     fn not_ready(&self) -> Option<String> {
         match self.domains {

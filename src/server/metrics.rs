@@ -425,10 +425,10 @@ impl Metrics {
             .count("ratelimit.service.call.should_rate_limit.service_error", 1);
     }
 
-    /// Records one unary gRPC call of `method` (e.g. `ShouldRateLimit`) that took `elapsed`: the
-    /// reference's `total_requests` and `response_time` of its gRPC interceptor.
-    pub fn observe_grpc(&self, method: &'static str, elapsed: Duration) {
-        self.stats.grpc_call(method, elapsed.as_secs_f64() * 1000.0);
+    /// Records one gRPC `ShouldRateLimit` call that took `elapsed`: the reference's
+    /// `total_requests` and `response_time` of its gRPC interceptor.
+    pub fn observe_grpc(&self, elapsed: Duration) {
+        self.stats.grpc_call(elapsed.as_secs_f64() * 1000.0);
     }
 
     /// Records a request refused before it could be decided (e.g. a body that is not JSON).

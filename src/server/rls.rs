@@ -5,10 +5,10 @@
 //! The admin `POST /json` endpoint calls [`App::decide`] too, so both answer alike.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use prost_types::value::Kind;
-use tokio::sync::Semaphore;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
 use super::{Health, Metrics};
@@ -33,10 +33,45 @@ pub struct App<B> {
     pub metrics: Metrics,
     /// Where the policies in force came from, said above the table of `/rlconfig`.
     pub origin: Origin,
-    /// Room for decisions in flight; `None` when unbounded.
-    in_flight: Option<Semaphore>,
-    /// The bound, for the message of an overloaded answer.
-    max_in_flight: usize,
+    /// Decisions in flight, against their bound.
+    in_flight: InFlight,
+}
+
+/// How many decisions are in flight, and the most there may be. A call past the bound is
+/// answered at once rather than queued, so a count is all it takes: a semaphore would also take
+/// a lock on every release to wake waiters there never are.
+#[derive(Debug)]
+struct InFlight {
+    count: AtomicUsize,
+    /// `usize::MAX` when unbounded.
+    bound: usize,
+}
+
+impl InFlight {
+    /// Counts one more decision in flight until the guard drops, or `None` at the bound.
+    fn enter(&self) -> Option<InFlightGuard<'_>> {
+        if self.bound == usize::MAX {
+            return Some(InFlightGuard(None));
+        }
+        // Never counted past the bound, so a refused call cannot make another one look refused.
+        self.count
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |count| {
+                (count < self.bound).then_some(count + 1)
+            })
+            .ok()
+            .map(|_| InFlightGuard(Some(&self.count)))
+    }
+}
+
+/// One decision in flight; leaving drops it from the count.
+struct InFlightGuard<'a>(Option<&'a AtomicUsize>);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(count) = self.0 {
+            count.fetch_sub(1, Ordering::Release);
+        }
+    }
 }
 
 /// Lines `/rlconfig` prints (as `# ` comments) above the policy table: where the policies in
@@ -86,15 +121,13 @@ impl<B: Backend> proto::rate_limit_service_server::RateLimitService for RlsServi
     ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
         let started = Instant::now();
         let (metadata, _, request) = request.into_parts();
-        let result = self
+        let (result, elapsed) = self
             .app
-            .decide_traced(request, &GrpcHeaders(&metadata))
+            .decide_since(request, &GrpcHeaders(&metadata), started)
             .await;
         // The reference's gRPC interceptor counts every call, refused ones included; `/json`
         // does not pass through it.
-        self.app
-            .metrics
-            .observe_grpc("ShouldRateLimit", started.elapsed());
+        self.app.metrics.observe_grpc(elapsed);
         result.map(GrpcResponse::new)
     }
 }
@@ -112,8 +145,10 @@ impl<B: Backend> App<B> {
             health,
             metrics: Metrics::new(),
             origin: Origin::default(),
-            in_flight: max_in_flight.map(|bound| Semaphore::new(bound.min(Semaphore::MAX_PERMITS))),
-            max_in_flight: max_in_flight.unwrap_or(usize::MAX),
+            in_flight: InFlight {
+                count: AtomicUsize::new(0),
+                bound: max_in_flight.unwrap_or(usize::MAX),
+            },
         }
     }
 
@@ -132,39 +167,47 @@ impl<B: Backend> App<B> {
         request: RateLimitRequest,
         headers: &dyn Headers,
     ) -> Result<RateLimitResponse, GrpcStatus> {
+        self.decide_since(request, headers, Instant::now()).await.0
+    }
+
+    /// [`App::decide_traced`] for a call that began at `started`, with how long it took since:
+    /// the one clock read at each end serves every timing the call records.
+    async fn decide_since(
+        &self,
+        request: RateLimitRequest,
+        headers: &dyn Headers,
+        started: Instant,
+    ) -> (Result<RateLimitResponse, GrpcStatus>, Duration) {
         let span = telemetry::request_span(headers, &request.domain, request.descriptors.len());
-        let result = span.run(self.decide_untraced(request)).await;
+        let (result, elapsed) = span.run(self.decide_untraced(request, started)).await;
         span.finish(match &result {
             Ok(response) => Ok(overall_code_name(response.overall_code)),
             Err(status) => Err(status.message()),
         });
-        result
+        (result, elapsed)
     }
 
     async fn decide_untraced(
         &self,
         request: RateLimitRequest,
-    ) -> Result<RateLimitResponse, GrpcStatus> {
+        started: Instant,
+    ) -> (Result<RateLimitResponse, GrpcStatus>, Duration) {
         // Before the first policies of a source that waits for them, there is nothing to decide
         // by: answer as a service that is not up yet would, and let Envoy's failure mode rule.
         if let Some(reason) = self.health.waiting_for_policies() {
-            return Err(GrpcStatus::unavailable(reason));
+            return (Err(GrpcStatus::unavailable(reason)), started.elapsed());
         }
-        let _permit = match self.in_flight.as_ref().map(Semaphore::try_acquire) {
-            Some(Err(_)) => {
-                self.metrics.observe_overloaded();
-                return Err(GrpcStatus::new(
-                    OVERLOADED,
-                    format!(
-                        "tollgate is overloaded: {} decisions already in flight",
-                        self.max_in_flight
-                    ),
-                ));
-            }
-            Some(Ok(permit)) => Some(permit),
-            None => None,
+        let Some(_in_flight) = self.in_flight.enter() else {
+            self.metrics.observe_overloaded();
+            let status = GrpcStatus::new(
+                OVERLOADED,
+                format!(
+                    "tollgate is overloaded: {} decisions already in flight",
+                    self.in_flight.bound
+                ),
+            );
+            return (Err(status), started.elapsed());
         };
-        let started = Instant::now();
         let request = request_from_proto(request);
         let result = match self.limiter.should_rate_limit(&request).await {
             Ok(decision) => {
@@ -176,9 +219,10 @@ impl<B: Backend> App<B> {
                 Err(GrpcStatus::invalid_argument(message))
             }
         };
+        let elapsed = started.elapsed();
         self.metrics
-            .observe(result.as_ref().map_err(|_| ()), started.elapsed());
-        result
+            .observe(result.as_ref().map_err(|_| ()), elapsed);
+        (result, elapsed)
     }
 }
 

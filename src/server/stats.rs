@@ -217,12 +217,12 @@ pub struct ReferenceStats {
     overflow_logged: AtomicBool,
     /// Handles of the fixed statsd names, made on first use.
     fixed: RwLock<HashMap<String, Option<Handle>>>,
-    /// The series of each gRPC method's calls (`total_requests`, `response_time` and its scale),
-    /// made on first use: looked up per call, so without formatting names.
-    grpc: RwLock<HashMap<&'static str, GrpcSeries>>,
+    /// The series of `ShouldRateLimit` calls (`total_requests`, `response_time` and its scale),
+    /// made on first use.
+    grpc: OnceLock<GrpcSeries>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct GrpcSeries {
     requests: Option<Handle>,
     time: Option<(Histogram, f64)>,
@@ -248,7 +248,7 @@ impl ReferenceStats {
             overflowed,
             overflow_logged: AtomicBool::new(false),
             fixed: RwLock::new(HashMap::new()),
-            grpc: RwLock::new(HashMap::new()),
+            grpc: OnceLock::new(),
         }
     }
 
@@ -269,7 +269,6 @@ impl ReferenceStats {
         if inc == Increments::default() {
             return;
         }
-        let series = self.key_series(domain, report);
         // A refusal the local over-limit cache answered also counts here, by its cost, as the
         // reference counts the answers of its own local cache.
         let local_cache = if report.local_cache { report.cost } else { 0 };
@@ -281,6 +280,16 @@ impl ReferenceStats {
             inc.shadow_mode,
             local_cache,
         ];
+        // Known keys are counted under the read lock, without taking a share of their series.
+        if let Some(series) = read(&self.keys).get(report.stat_key()) {
+            self.add(series, values);
+            return;
+        }
+        self.add(&self.key_series(domain, report), values);
+    }
+
+    /// Adds `values` to the series of `series`, in the order of [`PER_LIMIT`].
+    fn add(&self, series: &KeySeries, values: [u64; 6]) {
         for (slot, (stat, value)) in series.slots.iter().zip(PER_LIMIT.iter().zip(values)) {
             if value == 0 {
                 continue;
@@ -297,12 +306,9 @@ impl ReferenceStats {
         }
     }
 
-    /// The series of a report's stat key; past the cap, the domain's overflow key.
+    /// The series of a report's stat key, made if new; past the cap, the domain's overflow key.
     fn key_series(&self, domain: &str, report: &LimitReport) -> Arc<KeySeries> {
         let key = report.stat_key();
-        if let Some(found) = read(&self.keys).get(key) {
-            return Arc::clone(found);
-        }
         let from_request = report.request_key.is_some();
         if let Some(series) = self.insert(key, from_request) {
             return series;
@@ -361,25 +367,18 @@ impl ReferenceStats {
         write(&self.fixed).insert(statsd_name.to_string(), handle);
     }
 
-    /// Records one unary call of gRPC `method` that took `ms` milliseconds: the reference's
-    /// `ratelimit_server.<method>.total_requests` and `.response_time` (sent in milliseconds, as
-    /// the reference sends them; the mapping's `scale` turns them into seconds).
-    pub fn grpc_call(&self, method: &'static str, ms: f64) {
-        let cached = read(&self.grpc).get(method).cloned();
-        let series = match cached {
-            Some(series) => series,
-            None => {
-                let series = GrpcSeries {
-                    requests: self.handle(
-                        &format!("ratelimit_server.{method}.total_requests"),
-                        StatKind::Counter,
-                    ),
-                    time: self.timer(&format!("ratelimit_server.{method}.response_time")),
-                };
-                write(&self.grpc).insert(method, series.clone());
-                series
-            }
-        };
+    /// Records one `ShouldRateLimit` call that took `ms` milliseconds: the reference's
+    /// `ratelimit_server.ShouldRateLimit.total_requests` and `.response_time` (sent in
+    /// milliseconds, as the reference sends them; the mapping's `scale` turns them into seconds).
+    pub fn grpc_call(&self, ms: f64) {
+        const METHOD: &str = "ShouldRateLimit";
+        let series = self.grpc.get_or_init(|| GrpcSeries {
+            requests: self.handle(
+                &format!("ratelimit_server.{METHOD}.total_requests"),
+                StatKind::Counter,
+            ),
+            time: self.timer(&format!("ratelimit_server.{METHOD}.response_time")),
+        });
         if let Some(requests) = &series.requests {
             requests.add(1);
         }
