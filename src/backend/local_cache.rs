@@ -297,16 +297,24 @@ impl<B> LocalCache<B> {
         (self.hasher.hash_one(key) % STRIPES as u64) as usize
     }
 
-    /// The cached refusal of `hit` at `now_ms`, if any.
-    fn lookup(&self, hit: &Hit, now_ms: u64) -> Option<Outcome> {
+    /// The cached refusal of `hit` at `now_ms`, or else what the release counter of its stripe
+    /// reads, for [`LocalCache::store`] to tell whether a release came between this reading and
+    /// the backend's answer. One lock of the stripe for both.
+    fn lookup(&self, hit: &Hit, now_ms: u64) -> Looked {
         let Cost::Consume(units) = window::normalize_cost(hit.cost) else {
-            // Checks consume nothing and are refused only above the limit: always asked.
-            return None;
+            // Checks consume nothing and are refused only above the limit: always asked, and
+            // never stored.
+            return Looked::Ask { releases: 0 };
         };
         let stripe = lock(&self.stripes[self.stripe_of(&hit.key)]);
-        let entry = stripe.entries.get(hit.key.as_str())?;
+        let ask = Looked::Ask {
+            releases: stripe.releases,
+        };
+        let Some(entry) = stripe.entries.get(hit.key.as_str()) else {
+            return ask;
+        };
         if !entry.answers(hit, units, now_ms) {
-            return None;
+            return ask;
         }
         // A cost above the limit never fits: the backend answers it with the full window
         // whenever it is asked, so the cache does too rather than counting down to its entry's
@@ -316,7 +324,7 @@ impl<B> LocalCache<B> {
         } else {
             (entry.until_ms - now_ms).max(1)
         };
-        Some(Outcome {
+        Looked::Cached(Outcome {
             verdict: Verdict {
                 admitted: false,
                 remaining: entry.remaining,
@@ -403,6 +411,14 @@ fn account(stripe: &Stripe, bytes: usize, len: usize) {
     m.entries.inc_by(stripe.entries.len() as i64 - len as i64);
 }
 
+/// What the cache knows of one hit before the backend is asked.
+enum Looked {
+    /// A live refusal, answered here.
+    Cached(Outcome),
+    /// Asked of the backend; `releases` is its stripe's release counter before the call.
+    Ask { releases: u64 },
+}
+
 fn lock(stripe: &Mutex<Stripe>) -> MutexGuard<'_, Stripe> {
     stripe
         .lock()
@@ -416,65 +432,58 @@ impl<B: Backend> Backend for LocalCache<B> {
         if self.stripe_budget == 0 {
             return self.inner.acquire(hits).await;
         }
+        // The backend decides at or after this reading, so a refusal it answers holds at least
+        // from here: stored from an earlier instant, an entry can only end sooner than it must.
         let now_ms = self.clock.now_ms();
-        let mut results: Vec<Option<Result<Outcome, BackendError>>> = Vec::new();
-        let mut asked: Vec<usize> = Vec::new();
-        for (index, hit) in hits.iter().enumerate() {
-            match self.lookup(hit, now_ms) {
-                Some(outcome) => {
-                    if results.is_empty() {
-                        results.resize_with(hits.len(), || None);
-                    }
-                    results[index] = Some(Ok(outcome));
-                }
-                None => asked.push(index),
-            }
-        }
-        let local = hits.len() - asked.len();
-        if local > 0 {
-            self.answered.fetch_add(local as u64, Ordering::Relaxed);
-            metrics().answers.inc_by(local as u64);
-        }
-        if asked.is_empty() {
-            return results.into_iter().flatten().collect();
-        }
-
-        // What the release counters read before the call, per hit asked.
-        let releases: Vec<u64> = asked
+        let looked: Vec<Looked> = hits.iter().map(|hit| self.lookup(hit, now_ms)).collect();
+        let local = looked
             .iter()
-            .map(|&index| lock(&self.stripes[self.stripe_of(&hits[index].key)]).releases)
-            .collect();
-        // The backend decides at or after this reading.
-        let before_ms = self.clock.now_ms();
+            .filter(|looked| matches!(looked, Looked::Cached(_)))
+            .count();
         let answers = if local == 0 {
             self.inner.acquire(hits).await
         } else {
-            let sub: Vec<Hit> = asked.iter().map(|&index| hits[index].clone()).collect();
-            self.inner.acquire(&sub).await
+            self.answered.fetch_add(local as u64, Ordering::Relaxed);
+            metrics().answers.inc_by(local as u64);
+            let asked: Vec<Hit> = hits
+                .iter()
+                .zip(&looked)
+                .filter(|(_, looked)| matches!(looked, Looked::Ask { .. }))
+                .map(|(hit, _)| hit.clone())
+                .collect();
+            if asked.is_empty() {
+                Vec::new()
+            } else {
+                self.inner.acquire(&asked).await
+            }
         };
-        for ((&index, result), releases) in asked.iter().zip(&answers).zip(&releases) {
+        let asked = hits
+            .iter()
+            .zip(&looked)
+            .filter_map(|(hit, looked)| match looked {
+                Looked::Ask { releases } => Some((hit, *releases)),
+                Looked::Cached(_) => None,
+            });
+        for ((hit, releases), result) in asked.zip(&answers) {
             if let Ok(outcome) = result
                 && !outcome.verdict.admitted
             {
-                self.store(&hits[index], &outcome.verdict, before_ms, *releases);
+                self.store(hit, &outcome.verdict, now_ms, releases);
             }
         }
         if local == 0 {
             return answers;
         }
         let mut answers = answers.into_iter();
-        for &index in &asked {
-            results[index] = Some(answers.next().unwrap_or_else(|| {
-                Err(BackendError::Protocol(
-                    "backend answered fewer hits than it was asked".into(),
-                ))
-            }));
-        }
-        results
+        looked
             .into_iter()
-            .map(|result| {
-                result
-                    .unwrap_or_else(|| Err(BackendError::Protocol("a hit went unanswered".into())))
+            .map(|looked| match looked {
+                Looked::Cached(outcome) => Ok(outcome),
+                Looked::Ask { .. } => answers.next().unwrap_or_else(|| {
+                    Err(BackendError::Protocol(
+                        "backend answered fewer hits than it was asked".into(),
+                    ))
+                }),
             })
             .collect()
     }
