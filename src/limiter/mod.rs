@@ -220,7 +220,28 @@ pub struct Limiter<B> {
 /// What one descriptor resolved to: the limit that applies, if any, the identity of the counter
 /// it charges (empty when nothing will be charged) and its statistics key when the request
 /// supplies it.
-type Resolved = (Option<Arc<Limit>>, String, Option<String>);
+/// A descriptor's limit (if any), the key of its counter and the key of its statistics when the
+/// request made it.
+type Resolved<'c> = (Option<LimitRef<'c>>, String, Option<String>);
+
+/// A limit as `resolve` found it: borrowed from the config snapshot, or a descriptor's own,
+/// made for this request. Borrowing keeps the snapshot's limits uncounted until a plan needs
+/// one of its own: a reference count is a cache line every worker writes at every call.
+enum LimitRef<'c> {
+    /// A limit of the config.
+    Config(&'c Arc<Limit>),
+    /// A descriptor's own limit.
+    Own(Arc<Limit>),
+}
+
+impl LimitRef<'_> {
+    fn arc(&self) -> &Arc<Limit> {
+        match self {
+            LimitRef::Config(limit) => limit,
+            LimitRef::Own(limit) => limit,
+        }
+    }
+}
 
 /// What one descriptor resolved to before the backend is asked.
 enum Plan {
@@ -280,12 +301,21 @@ impl<B: Backend> Limiter<B> {
     /// order, and gives back what was taken when the request is rejected.
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, LimiterError> {
         validate(request)?;
-        // One snapshot for the whole request, even if a reload swaps the config meanwhile.
-        let config = self.config.load_full();
-        let mut metadata_sources: Vec<(usize, &MetaValue)> = Vec::new();
-        let resolved = Self::resolve(&config, request, &mut metadata_sources);
+        // One snapshot for the whole request, even if a reload swaps the config meanwhile. What
+        // the rest of the decision needs of it (the limits, the metadata) is taken out before
+        // the backend is awaited, so the snapshot is only borrowed, never counted.
         let mut hits = Vec::new();
-        let plans = self.plan(request, resolved, &mut hits);
+        let (plans, metadata_sources) = {
+            let config = self.config.load();
+            let mut metadata_sources: Vec<(usize, &MetaValue)> = Vec::new();
+            let resolved = Self::resolve(&config, request, &mut metadata_sources);
+            let plans = self.plan(request, resolved, &mut hits);
+            let metadata_sources: Vec<(usize, MetaValue)> = metadata_sources
+                .into_iter()
+                .map(|(index, meta)| (index, meta.clone()))
+                .collect();
+            (plans, metadata_sources)
+        };
         let results = if hits.is_empty() {
             Vec::new()
         } else {
@@ -307,7 +337,7 @@ impl<B: Backend> Limiter<B> {
         config: &'c Config,
         request: &Request,
         metadata_sources: &mut Vec<(usize, &'c MetaValue)>,
-    ) -> Vec<Resolved> {
+    ) -> Vec<Resolved<'c>> {
         let Some(domain) = config.domain(&request.domain) else {
             // An unknown domain limits nothing, overrides included.
             return request
@@ -328,7 +358,7 @@ impl<B: Backend> Limiter<B> {
                 );
                 // The override's statistics are keyed by the request's entries.
                 let stat_key = limit.full_key.clone();
-                (Some(limit), key, Some(stat_key))
+                (Some(LimitRef::Own(limit)), key, Some(stat_key))
             } else if let Some(matched) = domain.resolve(&descriptor.entries) {
                 if let Some(meta) = matched.metadata {
                     metadata_sources.push((index, meta));
@@ -346,7 +376,7 @@ impl<B: Backend> Limiter<B> {
                         limit.window_ms,
                     )
                 };
-                (Some(Arc::clone(limit)), key, matched.metric_key)
+                (Some(LimitRef::Config(limit)), key, matched.metric_key)
             } else {
                 (None, String::new(), None)
             };
@@ -359,7 +389,7 @@ impl<B: Backend> Limiter<B> {
     fn plan(
         &self,
         request: &Request,
-        mut resolved: Vec<Resolved>,
+        mut resolved: Vec<Resolved<'_>>,
         hits: &mut Vec<Hit>,
     ) -> Vec<Plan> {
         let mut plans = Vec::with_capacity(resolved.len());
@@ -367,7 +397,7 @@ impl<B: Backend> Limiter<B> {
             let Some((limit, _, _)) = resolved.get(index) else {
                 break;
             };
-            let plan = match limit {
+            let plan = match limit.as_ref().map(LimitRef::arc) {
                 None => Plan::Free,
                 Some(limit) if limit.unlimited => Plan::Unlimited,
                 Some(limit) if is_replaced(limit, &resolved) => Plan::Free,
@@ -414,7 +444,7 @@ impl<B: Backend> Limiter<B> {
         request: &Request,
         plans: Vec<Plan>,
         mut results: Vec<Result<Outcome, BackendError>>,
-        metadata_sources: Vec<(usize, &MetaValue)>,
+        metadata_sources: Vec<(usize, MetaValue)>,
     ) -> Decision {
         let mut statuses = Vec::with_capacity(plans.len());
         let mut rate_limits_over = 0usize;
@@ -603,7 +633,7 @@ impl<B: Backend> Limiter<B> {
                     && statuses.get(index).is_some_and(|s| s.code == Code::Ok)
             };
             let sources = metadata_sources
-                .into_iter()
+                .iter()
                 .filter(|(index, _)| passed(*index))
                 .map(|(_, meta)| meta);
             dynamic_metadata(request, merge_metadata(sources))
@@ -687,12 +717,12 @@ fn validate(request: &Request) -> Result<(), LimiterError> {
 /// Whether another applicable limit names `limit` in its `replaces`. As in envoyproxy/ratelimit,
 /// unlimited limits may replace others but are never replaced (the caller checks `unlimited`
 /// first).
-fn is_replaced(limit: &Limit, resolved: &[Resolved]) -> bool {
+fn is_replaced(limit: &Limit, resolved: &[Resolved<'_>]) -> bool {
     limit.name.as_deref().is_some_and(|name| {
         resolved.iter().any(|(other, _, _)| {
             other
                 .as_ref()
-                .is_some_and(|o| o.replaces.iter().any(|r| r == name))
+                .is_some_and(|o| o.arc().replaces.iter().any(|r| r == name))
         })
     })
 }
