@@ -12,11 +12,12 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 use super::mapper::Mapper;
 use super::stats::{DEFAULT_MAX_REQUEST_KEYS, ReferenceStats};
+use super::striped::{self, Histogram};
 use crate::backend::MemoryUsage;
 use crate::config::FailureMode;
 use crate::limiter::{Decision, LimitReport, Usage};
@@ -80,7 +81,7 @@ pub struct Metrics {
     registry: Registry,
     requests: ByCode,
     /// Requests answered at once because too many decisions were in flight.
-    overloaded: Counter,
+    overloaded: striped::Counter,
     descriptors: ByCode,
     latency: Histogram,
     xds: Option<XdsMetrics>,
@@ -123,13 +124,13 @@ struct MemoryGauges {
 /// (rate() works before the first request).
 #[derive(Debug)]
 struct ByCode {
-    ok: Counter,
-    over_limit: Counter,
-    invalid: Counter,
+    ok: striped::Counter,
+    over_limit: striped::Counter,
+    invalid: striped::Counter,
 }
 
 impl ByCode {
-    fn new(family: &Family<CodeLabel, Counter>, with_invalid: bool) -> Self {
+    fn new(family: &Family<CodeLabel, striped::Counter>, with_invalid: bool) -> Self {
         let get = |code| family.get_or_create_owned(&CodeLabel { code });
         ByCode {
             ok: get("ok"),
@@ -138,7 +139,7 @@ impl ByCode {
             invalid: if with_invalid {
                 get("invalid")
             } else {
-                Counter::default()
+                striped::Counter::default()
             },
         }
     }
@@ -178,8 +179,9 @@ impl Metrics {
         ));
         registry.register_collector(Box::new(std::sync::Arc::clone(&stats)));
         let own = registry.sub_registry_with_prefix("tollgate");
-        let requests = Family::<CodeLabel, Counter>::default();
-        let descriptors = Family::<CodeLabel, Counter>::default();
+        // Counted at every call by every worker: split per worker ([`striped`]).
+        let requests = Family::<CodeLabel, striped::Counter>::default();
+        let descriptors = Family::<CodeLabel, striped::Counter>::default();
         // 50 µs .. ~1.6 s: the range between an in-memory decision and a stalled backend.
         let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         own.register(

@@ -11,6 +11,7 @@ pub mod reload;
 pub mod rls;
 pub mod runtime;
 pub mod stats;
+pub mod striped;
 pub mod tls;
 pub mod xds;
 

@@ -25,7 +25,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::histogram::Histogram;
+
+use super::striped::Histogram;
 
 use super::mapper::{Mapper, Mapping, StatKind, sanitize_stat_key};
 use crate::limiter::{LimitReport, Usage};
