@@ -4,11 +4,10 @@
 //! `key_value` string: exact values are a hash lookup, wildcard values are tried in config order,
 //! and the key-only node is the fallback.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Limit, Matched, MetaValue};
+use super::{Limit, LookupMap, Matched, MetaValue};
 use crate::descriptor::Entry;
 
 /// One domain's descriptor tree and limits, as the rules built it.
@@ -229,7 +228,7 @@ fn metric_key(
 }
 
 /// The children of a node (or the top of a domain), by descriptor key.
-pub(super) type Level = HashMap<String, KeyNodes>;
+pub(super) type Level = LookupMap<String, KeyNodes>;
 
 /// Every node declared with one key at one level.
 #[derive(Debug, Default)]
@@ -238,7 +237,7 @@ pub(super) struct KeyNodes {
     nodes: Vec<TreeNode>,
     /// Nodes by their literal `value` (wildcard values included, as the reference also matches
     /// a request value equal to the pattern text exactly).
-    exact: HashMap<String, usize>,
+    exact: LookupMap<String, usize>,
     /// Nodes whose `value` contains `*`, in config order.
     wildcards: Vec<(Pattern, usize)>,
     /// The node without a `value`.

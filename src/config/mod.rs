@@ -43,6 +43,11 @@ use crate::descriptor::Unit;
 use crate::window::{Algorithm, Counting};
 
 pub use diagnostics::ConfigError;
+
+/// The config's lookup tables (domains, descriptor keys and values). Their keys come from the
+/// policies and requests only look them up, so no request can fill a table with colliding keys:
+/// a fast, seeded hash is safe here, where SipHash would cost more than the rest of a lookup.
+pub(crate) type LookupMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub use discovery::{FileSource, RuntimeLayout};
 pub use domain::Domain;
 
@@ -165,7 +170,7 @@ pub struct Matched<'a> {
 /// exact and key-only matches.
 #[derive(Debug, Default)]
 pub struct Config {
-    domains: HashMap<String, Domain>,
+    domains: LookupMap<String, Domain>,
     /// Every limit of every domain, sorted by `full_key`.
     limits: Vec<Arc<Limit>>,
     warnings: Vec<String>,

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::LookupMap;
 use super::diagnostics::{Finding, Location};
 use super::domain::{Domain, Level, Pattern, TreeNode};
 use super::schema::{DescriptorNode, Given, Policy, RateLimitNode, ReplaceNode};
@@ -173,7 +174,7 @@ impl<L: Location> Snapshot<L> {
             let declared = &self.domains[name];
             check_replaces(name, declared.domain.limits(), &declared.replaces)?;
         }
-        let domains: HashMap<String, Domain> = self
+        let domains: LookupMap<String, Domain> = self
             .domains
             .into_iter()
             .map(|(name, declared)| (name, declared.domain))
@@ -253,7 +254,7 @@ fn check<L: Location>(policy: &Policy<L>) -> Result<Checked<L>, Finding<L>> {
         warnings: Vec::new(),
         replaces: Vec::new(),
     };
-    let mut tree = Level::new();
+    let mut tree = Level::default();
     let mut top = Vec::new();
     if let Some(descriptors) = &policy.descriptors {
         checker.descriptors(descriptors, &domain.value, 1, &mut tree)?;
@@ -366,7 +367,7 @@ impl<'p, L: Location> Checker<'p, L> {
                 .metadata
                 .clone()
                 .filter(|m| !matches!(m, MetaValue::Map(pairs) if pairs.is_empty()));
-            let mut children = Level::new();
+            let mut children = Level::default();
             if let Some(list) = &node.descriptors {
                 self.descriptors(list, &full_key, depth + 1, &mut children)?;
             }
