@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tollgate::backend::{self, AnyBackend, MemoryBackend};
+use tollgate::backend::{self, AnyBackend, MemoryBackend, memory};
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::config::Config;
 use tollgate::limiter::{Limiter, Settings};
+use tollgate::proto::rate_limit_response::Code;
 use tollgate::proto::{RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor::Entry};
 use tollgate::server::{App, Health, rls::request_from_proto};
 
@@ -34,9 +35,6 @@ descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 4000000000}
 ";
-
-/// The memory budget and the cache's, as `tollgate serve` sets them by default.
-const MEMORY_BUDGET: usize = 64 << 20;
 
 fn request(value: u64) -> RateLimitRequest {
     RateLimitRequest {
@@ -58,12 +56,13 @@ fn limiter() -> Arc<Limiter<backend::Stack>> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = AnyBackend::Memory(MemoryBackend::with_budget(
         Arc::clone(&clock),
-        MEMORY_BUDGET,
+        memory::default_budget(),
     ));
     let stack = backend::stack(
         store,
         None,
         clock,
+        // The cache's budget as `tollgate serve` sets it for the memory backend.
         backend::local_cache::DEFAULT_BYTES,
         false,
     );
@@ -88,7 +87,8 @@ fn decision(c: &mut Criterion) {
             let response = ready(app.decide(request.clone()))
                 .unwrap_or_else(|status| panic!("the request was refused: {status}"));
             assert_eq!(
-                response.overall_code, 1,
+                response.overall_code,
+                Code::Ok as i32,
                 "every hit is admitted: {response:?}"
             );
         }
