@@ -23,6 +23,7 @@ use tollgate::proto::RateLimitRequest;
 use tollgate::proto::rate_limit_descriptor::Entry;
 use tollgate::proto::rate_limit_response::Code;
 
+use crate::doc::{count, count_range, median, ms, range};
 use crate::scenario::Loader;
 
 /// How h2load loads each server, as a scenario's flags.
@@ -171,6 +172,32 @@ fn grpc_message(request: &RateLimitRequest) -> Vec<u8> {
     );
     body.extend_from_slice(&message);
     body
+}
+
+/// The cells every h2load table starts its row with, from `runs` of one server: calls a second
+/// (median), their min–max, and the mean latency (median).
+pub fn load_cells<'a>(runs: impl Iterator<Item = &'a H2LoadSummary> + Clone) -> [String; 3] {
+    let per_second = || runs.clone().map(|load| load.requests_per_second);
+    [
+        count(median(per_second())),
+        count_range(range(per_second())),
+        ms(median(runs.clone().map(|load| load.mean_latency_us))),
+    ]
+}
+
+#[cfg(test)]
+impl H2LoadSummary {
+    /// A run that answered `per_second` calls in a second, each in `mean_latency_us` on average.
+    pub fn steady(per_second: f64, mean_latency_us: f64) -> H2LoadSummary {
+        H2LoadSummary {
+            done: per_second as u64,
+            succeeded: per_second as u64,
+            failed: 0,
+            requests_per_second: per_second,
+            mean_latency_us,
+            max_latency_us: 9_000.0,
+        }
+    }
 }
 
 /// Reads the figures of h2load's report.

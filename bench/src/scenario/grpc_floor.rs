@@ -20,11 +20,9 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
-};
+use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
 use crate::empty::EmptyProcess;
-use crate::h2load::{H2Load, H2LoadOptions, H2LoadSummary};
+use crate::h2load::{self, H2Load, H2LoadOptions, H2LoadSummary};
 use crate::load::summary::Summary;
 use crate::proc::Layout;
 use crate::scenario::{
@@ -460,15 +458,13 @@ fn render_h2load(runs: &[FloorH2LoadRun], out: &mut String) {
     ]);
     for server in [Server::Tollgate, Server::Empty] {
         let runs: Vec<&FloorH2LoadRun> = runs.iter().filter(|r| r.server == server).collect();
-        let per_second = || runs.iter().map(|r| r.load.requests_per_second);
-        table.row(vec![
-            server.label().to_owned(),
-            count(median(per_second())),
-            count_range(range(per_second())),
-            ms(median(runs.iter().map(|r| r.load.mean_latency_us))),
-            // h2load counts answers, not decisions; the request was checked to be decided OK.
-            per_decision_cell(runs.iter().map(|r| (r.cpu_seconds, r.load.succeeded))),
-        ]);
+        let mut row = vec![server.label().to_owned()];
+        row.extend(h2load::load_cells(runs.iter().map(|r| &r.load)));
+        // h2load counts answers, not decisions; the request was checked to be decided OK.
+        row.push(per_decision_cell(
+            runs.iter().map(|r| (r.cpu_seconds, r.load.succeeded)),
+        ));
+        table.row(row);
     }
     out.push_str(&table.render());
     let ratios = run_ratios(
@@ -555,14 +551,7 @@ mod tests {
             run,
             connections: 4,
             streams: 32,
-            load: H2LoadSummary {
-                done: per_second as u64,
-                succeeded: per_second as u64,
-                failed: 0,
-                requests_per_second: per_second,
-                mean_latency_us: 1_500.0,
-                max_latency_us: 9_000.0,
-            },
+            load: H2LoadSummary::steady(per_second, 1_500.0),
             cpu_seconds,
         };
         let runs = [

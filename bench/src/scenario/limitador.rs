@@ -27,10 +27,8 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{
-    Align, Table, count, count_range, fixed, measured, median, ms, range, times_by_run,
-};
-use crate::h2load::{H2Load, H2LoadOptions, H2LoadSummary};
+use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
+use crate::h2load::{self, H2Load, H2LoadOptions, H2LoadSummary};
 use crate::load::summary::Summary;
 use crate::proc::OwnedChild;
 use crate::scenario::{
@@ -513,13 +511,8 @@ fn render_h2load(runs: &[H2LoadRun], out: &mut String) {
         if runs.is_empty() {
             continue;
         }
-        let per_second = || runs.iter().map(|r| r.load.requests_per_second);
-        let mut row = vec![
-            server.label().to_owned(),
-            count(median(per_second())),
-            count_range(range(per_second())),
-            ms(median(runs.iter().map(|r| r.load.mean_latency_us))),
-        ];
+        let mut row = vec![server.label().to_owned()];
+        row.extend(h2load::load_cells(runs.iter().map(|r| &r.load)));
         // h2load counts answers, not decisions; the request was checked to be decided OK.
         row.extend(cost_cells(runs.iter().map(|r| (r.cost, r.load.succeeded))));
         table.row(row);
@@ -612,14 +605,7 @@ mod tests {
             run,
             connections: 4,
             streams: 32,
-            load: H2LoadSummary {
-                done: per_second as u64,
-                succeeded: per_second as u64,
-                failed: 0,
-                requests_per_second: per_second,
-                mean_latency_us: 2_000.0,
-                max_latency_us: 9_000.0,
-            },
+            load: H2LoadSummary::steady(per_second, 2_000.0),
             cost: Cost {
                 cpu_seconds,
                 redis_cpu_seconds: 0.5,
