@@ -40,7 +40,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -57,6 +57,11 @@ pub const DEFAULT_BYTES: u64 = 8 << 20;
 /// Independent parts of the table, each behind its own lock, so concurrent decisions on
 /// different windows rarely wait for each other.
 const STRIPES: usize = 16;
+
+/// Which bits of a key's hash choose its stripe. A stripe's table finds buckets with the low bits
+/// of the same hash and tags slots with its top seven: bits in between keep the keys of one
+/// stripe spread over all of its buckets and tags.
+const STRIPE_HASH_SHIFT: u32 = 40;
 
 /// What the cache knows about one refused window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,10 +88,18 @@ impl Entry {
     }
 }
 
-/// One lock's share of the table.
+/// One cached window: its key and what is known of it.
+#[derive(Debug)]
+struct Slot {
+    key: Box<str>,
+    entry: Entry,
+}
+
+/// One lock's share of the table. Slots are found by the hash [`LocalCache::hash`] gives their
+/// key: a hit hashes its key once, for the stripe and the slot both.
 #[derive(Debug)]
 struct Stripe {
-    entries: HashMap<Box<str>, Entry, RandomState>,
+    entries: HashTable<Slot>,
     /// Bytes of the keys held (the table's own allocation is asked of the table).
     key_bytes: usize,
     /// The most entries the table holds (0 until it is allocated).
@@ -101,13 +114,26 @@ impl Stripe {
         self.entries.allocation_size() + self.key_bytes
     }
 
-    fn remove(&mut self, key: &str) -> bool {
-        match self.entries.remove(key) {
-            Some(_) => {
+    fn find(&self, hash: u64, key: &str) -> Option<&Entry> {
+        self.entries
+            .find(hash, |slot| *slot.key == *key)
+            .map(|slot| &slot.entry)
+    }
+
+    fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        self.entries
+            .find_mut(hash, |slot| *slot.key == *key)
+            .map(|slot| &mut slot.entry)
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) -> bool {
+        match self.entries.find_entry(hash, |slot| *slot.key == *key) {
+            Ok(found) => {
+                found.remove();
                 self.key_bytes -= key.len();
                 true
             }
-            None => false,
+            Err(_) => false,
         }
     }
 
@@ -115,10 +141,10 @@ impl Stripe {
     fn sweep(&mut self, now_ms: u64) -> usize {
         let before = self.entries.len();
         let mut freed = 0;
-        self.entries.retain(|key, entry| {
-            let keep = entry.until_ms > now_ms;
+        self.entries.retain(|slot| {
+            let keep = slot.entry.until_ms > now_ms;
             if !keep {
-                freed += key.len();
+                freed += slot.key.len();
             }
             keep
         });
@@ -128,7 +154,7 @@ impl Stripe {
 
     /// Drops the eighth of the entries (at least one) that expire soonest; answers how many.
     fn evict_soonest(&mut self) -> usize {
-        let mut instants: Vec<u64> = self.entries.values().map(|e| e.until_ms).collect();
+        let mut instants: Vec<u64> = self.entries.iter().map(|s| s.entry.until_ms).collect();
         if instants.is_empty() {
             return 0;
         }
@@ -137,10 +163,10 @@ impl Stripe {
         let cut = *cut;
         let before = self.entries.len();
         let mut freed = 0;
-        self.entries.retain(|key, entry| {
-            let keep = entry.until_ms > cut;
+        self.entries.retain(|slot| {
+            let keep = slot.entry.until_ms > cut;
             if !keep {
-                freed += key.len();
+                freed += slot.key.len();
             }
             keep
         });
@@ -156,7 +182,7 @@ impl Stripe {
     /// Allocates the table once, at the first entry: as many buckets as half of `budget` holds
     /// (a power of two), of which at most half are ever used. A table at most half full never
     /// grows, whatever its deleted slots, so its allocation stays what was counted.
-    fn allocate(&mut self, budget: usize) {
+    fn allocate(&mut self, budget: usize, hasher: &RandomState) {
         if self.entries.capacity() > 0 || self.max_entries > 0 {
             return;
         }
@@ -167,9 +193,10 @@ impl Stripe {
         if buckets < 8 {
             return;
         }
-        self.entries.reserve(buckets / 8 * 7);
+        self.entries
+            .reserve(buckets / 8 * 7, |slot| hasher.hash_one(&*slot.key));
         if self.entries.allocation_size() > budget / 2 {
-            self.entries = HashMap::with_hasher(self.entries.hasher().clone());
+            self.entries = HashTable::new();
             return;
         }
         self.max_entries = buckets / 2;
@@ -177,7 +204,7 @@ impl Stripe {
 }
 
 /// The bytes one bucket of the table takes: the key's box, the entry, one control byte.
-const SLOT_BYTES: usize = std::mem::size_of::<(Box<str>, Entry)>() + 1;
+const SLOT_BYTES: usize = std::mem::size_of::<Slot>() + 1;
 
 /// The process-wide metrics of the cache (one cache per process in practice; tests make more
 /// and share these).
@@ -259,7 +286,7 @@ impl<B> LocalCache<B> {
             stripes: (0..STRIPES)
                 .map(|_| {
                     Mutex::new(Stripe {
-                        entries: HashMap::with_hasher(RandomState::new()),
+                        entries: HashTable::new(),
                         key_bytes: 0,
                         max_entries: 0,
                         releases: 0,
@@ -293,8 +320,15 @@ impl<B> LocalCache<B> {
         (entries, bytes)
     }
 
-    fn stripe_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) % STRIPES as u64) as usize
+    /// The keyed hash of `key`, which finds both its stripe and its slot. Keys come from
+    /// clients: SipHash with random keys keeps them from choosing keys that collide.
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn stripe(&self, hash: u64) -> MutexGuard<'_, Stripe> {
+        // The remainder is below STRIPES, so the narrowing cannot lose anything.
+        lock(&self.stripes[((hash >> STRIPE_HASH_SHIFT) % STRIPES as u64) as usize])
     }
 
     /// The cached refusal of `hit` at `now_ms`, or else what the release counter of its stripe
@@ -306,11 +340,12 @@ impl<B> LocalCache<B> {
             // never stored.
             return Looked::Ask { releases: 0 };
         };
-        let stripe = lock(&self.stripes[self.stripe_of(&hit.key)]);
+        let hash = self.hash(&hit.key);
+        let stripe = self.stripe(hash);
         let ask = Looked::Ask {
             releases: stripe.releases,
         };
-        let Some(entry) = stripe.entries.get(hit.key.as_str()) else {
+        let Some(entry) = stripe.find(hash, &hit.key) else {
             return ask;
         };
         if !entry.answers(hit, units, now_ms) {
@@ -354,11 +389,12 @@ impl<B> LocalCache<B> {
             remaining: verdict.remaining,
         };
         let m = metrics();
-        let mut stripe = lock(&self.stripes[self.stripe_of(&hit.key)]);
+        let hash = self.hash(&hit.key);
+        let mut stripe = self.stripe(hash);
         if stripe.releases != releases {
             return;
         }
-        if let Some(held) = stripe.entries.get_mut(hit.key.as_str()) {
+        if let Some(held) = stripe.find_mut(hash, &hit.key) {
             let dominated = held.algorithm == entry.algorithm
                 && held.limit == entry.limit
                 && held.window_ms == entry.window_ms
@@ -374,7 +410,7 @@ impl<B> LocalCache<B> {
         let (bytes_before, len_before) = (stripe.bytes(), stripe.entries.len());
         let mut swept = false;
         let mut evicted = 0;
-        stripe.allocate(self.stripe_budget);
+        stripe.allocate(self.stripe_budget, &self.hasher);
         let fits = loop {
             if stripe.has_room(key.len(), self.stripe_budget) {
                 break true;
@@ -393,7 +429,11 @@ impl<B> LocalCache<B> {
         };
         if fits {
             stripe.key_bytes += key.len();
-            stripe.entries.insert(key, entry);
+            stripe
+                .entries
+                .insert_unique(hash, Slot { key, entry }, |slot| {
+                    self.hasher.hash_one(&*slot.key)
+                });
             m.stored.inc();
         }
         let (bytes_after, len_after) = (stripe.bytes(), stripe.entries.len());
@@ -528,10 +568,11 @@ impl<B: Backend> Backend for LocalCache<B> {
 impl<B> LocalCache<B> {
     fn forget(&self, receipts: &[Receipt]) {
         for receipt in receipts {
-            let mut stripe = lock(&self.stripes[self.stripe_of(&receipt.key)]);
+            let hash = self.hash(&receipt.key);
+            let mut stripe = self.stripe(hash);
             stripe.releases = stripe.releases.wrapping_add(1);
             let (bytes, len) = (stripe.bytes(), stripe.entries.len());
-            if stripe.remove(&receipt.key) {
+            if stripe.remove(hash, &receipt.key) {
                 account(&stripe, bytes, len);
             }
         }

@@ -220,8 +220,6 @@ pub struct Limiter<B> {
 /// What one descriptor resolved to: the limit that applies, if any, the identity of the counter
 /// it charges (empty when nothing will be charged) and its statistics key when the request
 /// supplies it.
-/// A descriptor's limit (if any), the key of its counter and the key of its statistics when the
-/// request made it.
 type Resolved<'c> = (Option<LimitRef<'c>>, String, Option<String>);
 
 /// A limit as `resolve` found it: borrowed from the config snapshot, or a descriptor's own,
@@ -304,7 +302,7 @@ impl<B: Backend> Limiter<B> {
         // One snapshot for the whole request, even if a reload swaps the config meanwhile. What
         // the rest of the decision needs of it (the limits, the metadata) is taken out before
         // the backend is awaited, so the snapshot is only borrowed, never counted.
-        let mut hits = Vec::new();
+        let mut hits = Vec::with_capacity(request.descriptors.len());
         let (plans, metadata_sources) = {
             let config = self.config.load();
             let mut metadata_sources: Vec<(usize, &MetaValue)> = Vec::new();
@@ -450,7 +448,7 @@ impl<B: Backend> Limiter<B> {
         let mut rate_limits_over = 0usize;
         let (mut quota_total, mut quota_over) = (0usize, 0usize);
         let mut retry_after: Option<u64> = None;
-        let mut reports = Vec::new();
+        let mut reports = Vec::with_capacity(plans.len());
 
         for (descriptor, plan) in plans.iter().enumerate() {
             let status = match plan {

@@ -26,9 +26,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 
-use super::striped::Histogram;
-
 use super::mapper::{Mapper, Mapping, StatKind, sanitize_stat_key};
+use super::striped::Histogram;
 use crate::limiter::{LimitReport, Usage};
 
 /// The key that stands for every request-built key past the cap.
