@@ -32,9 +32,23 @@ pub struct EmptyProcess {
 impl EmptyProcess {
     /// Starts the empty server on a free loopback port and waits until it listens.
     pub fn start() -> anyhow::Result<EmptyProcess> {
+        EmptyProcess::start_under(&[])
+    }
+
+    /// [`EmptyProcess::start`], run under `under` (a program and its flags, e.g. valgrind's),
+    /// which keeps the server's process id.
+    pub fn start_under(under: &[String]) -> anyhow::Result<EmptyProcess> {
         let exe = std::env::current_exe().context("finding tollgate-bench itself")?;
+        let mut command = match under.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(exe);
+                command
+            }
+            None => Command::new(exe),
+        };
         let mut process = OwnedChild::new(
-            Command::new(exe)
+            command
                 .args(["empty-server", "--listen", "127.0.0.1:0"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

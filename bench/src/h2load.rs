@@ -121,13 +121,35 @@ impl H2Load {
         duration: Duration,
         options: &H2LoadOptions,
     ) -> anyhow::Result<H2LoadSummary> {
+        let duration = format!("{}ms", duration.as_millis().max(1));
+        self.send(target, ["--duration", &duration], options)
+    }
+
+    /// Sends `calls` calls to `target` as `options` say (at least one per connection), and
+    /// reads what h2load measured.
+    pub fn run_calls(
+        &self,
+        target: SocketAddr,
+        calls: u64,
+        options: &H2LoadOptions,
+    ) -> anyhow::Result<H2LoadSummary> {
+        let calls = calls.max(u64::from(options.connections)).to_string();
+        self.send(target, ["--requests", &calls], options)
+    }
+
+    /// Runs h2load against `target`, for as long or as many calls as `limit` says.
+    fn send(
+        &self,
+        target: SocketAddr,
+        limit: [&str; 2],
+        options: &H2LoadOptions,
+    ) -> anyhow::Result<H2LoadSummary> {
         let H2LoadOptions {
             connections,
             streams,
         } = *options;
         let output = Command::new(&self.binary)
-            .arg("--duration")
-            .arg(format!("{}ms", duration.as_millis().max(1)))
+            .args(limit)
             .arg("--clients")
             .arg(connections.to_string())
             .arg("--max-concurrent-streams")

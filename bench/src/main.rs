@@ -32,6 +32,7 @@ use crate::scenario::connections::{Connections, ConnectionsOptions};
 use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::grpc_floor::{GrpcFloor, GrpcFloorOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
+use crate::scenario::instructions::{Instructions, InstructionsOptions};
 use crate::scenario::lease::{Lease, LeaseOptions};
 use crate::scenario::limitador::{Limitador, LimitadorOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
@@ -208,6 +209,16 @@ enum Command {
         options: ProfileOptions,
     },
 
+    /// Instructions per call, counted by callgrind: the empty RLS server and tollgate on the
+    /// memory backend (by default, without the local cache, without per-limit statistics),
+    /// each under valgrind, sent the same calls by h2load (needs valgrind and h2load).
+    Instructions {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: InstructionsOptions,
+    },
+
     /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
     /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
     EmptyServer(empty::EmptyServerArgs),
@@ -245,6 +256,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::RedisBound { scale, options } => run_one(&scale, &RedisBound::new(options)),
         Command::Workers { scale, options } => run_one(&scale, &WorkersScenario::new(options)),
         Command::Profile { scale, options } => run_one(&scale, &Profile::new(options)),
+        Command::Instructions { scale, options } => run_one(&scale, &Instructions::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
     }

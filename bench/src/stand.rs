@@ -322,6 +322,20 @@ impl<'a> Stand<'a> {
         extra: &[String],
         envs: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        Stand::start_under(servers, backend, policy, failure_mode, extra, envs, &[])
+    }
+
+    /// [`Stand::start_with_env`] with tollgate run under `under` (a program and its flags, e.g.
+    /// valgrind's), which keeps tollgate's process id.
+    pub fn start_under(
+        servers: &'a Servers,
+        backend: Backend,
+        policy: &str,
+        failure_mode: &str,
+        extra: &[String],
+        envs: &[(&str, &str)],
+        under: &[String],
+    ) -> anyhow::Result<Self> {
         let nodes = servers.nodes(backend)?;
         let mut args = vec![
             "--backend".to_owned(),
@@ -335,7 +349,10 @@ impl<'a> Stand<'a> {
             args.extend(["--redis-url".to_owned(), nodes.url()]);
         }
         args.extend(extra.iter().cloned());
-        let mut builder = Tollgate::builder().policy("bench.yaml", policy).args(args);
+        let mut builder = Tollgate::builder()
+            .policy("bench.yaml", policy)
+            .args(args)
+            .under(under.iter().cloned());
         for (name, value) in envs {
             builder = builder.env(name, value);
         }

@@ -102,6 +102,17 @@ fn perf_can_sample() -> bool {
         .is_ok_and(|output| output.status.success())
 }
 
+/// Whether valgrind's callgrind and its control program are installed, as the `instructions`
+/// scenario needs.
+fn callgrind_installed() -> bool {
+    ["valgrind", "callgrind_control"].iter().all(|tool| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|output| output.status.success())
+    })
+}
+
 /// The flame graphs a report drew beside itself, by file name.
 fn flame_graphs(beside: &Path) -> Vec<(String, String)> {
     let mut graphs: Vec<(String, String)> = std::fs::read_dir(beside.join("flamegraphs"))
@@ -153,6 +164,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     ]);
     assert_success(&output);
     let perf = perf_can_sample();
+    let callgrind = callgrind_installed();
     let doc = std::fs::read_to_string(&out).unwrap();
 
     // The hand-written text stays, the stale section is replaced, every section is there once.
@@ -177,6 +189,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     ]
     .into_iter()
     .chain(perf.then_some("profile"))
+    .chain(callgrind.then_some("instructions"))
     {
         for which in ["begin", "end"] {
             assert_eq!(
@@ -693,6 +706,37 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             stderr.contains("skipping profile, its section stays as it was: "),
+            "{stderr}"
+        );
+    }
+
+    // instructions: callgrind counted every server over the calls h2load sent it, and tollgate
+    // executes more a call than the empty server. Without valgrind, the scenario is skipped by
+    // name and says why.
+    if callgrind {
+        let counted = records(&results, "instructions");
+        let runs = of_kind(&counted, "run");
+        let per_call = |server: &str| {
+            let run = runs
+                .iter()
+                .find(|r| r["server"] == server)
+                .unwrap_or_else(|| panic!("no instructions run of {server}"));
+            assert!(number(run, &["calls"]) >= 100.0, "{run}");
+            number(run, &["instructions"]) / number(run, &["calls"])
+        };
+        let empty = per_call("empty");
+        assert!(empty > 0.0);
+        for server in ["tollgate", "tollgate-no-local-cache", "tollgate-no-stats"] {
+            assert!(per_call(server) > empty, "{server}");
+        }
+        assert_eq!(
+            table_after(&doc, "### Instructions per call, counted").len(),
+            4
+        );
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("skipping instructions, its section stays as it was: "),
             "{stderr}"
         );
     }

@@ -71,6 +71,7 @@ pub struct TollgateBuilder {
     args: Vec<String>,
     envs: Vec<(String, String)>,
     no_config: bool,
+    under: Vec<String>,
 }
 
 impl TollgateBuilder {
@@ -103,6 +104,17 @@ impl TollgateBuilder {
         self
     }
 
+    /// Runs tollgate under another program, `command` followed by tollgate's own command line
+    /// (e.g. `["valgrind", "--tool=callgrind"]`), which must keep tollgate's process id.
+    pub fn under<I, S>(mut self, command: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.under = command.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Starts tollgate and waits until its gRPC health service answers SERVING (policies
     /// loaded, backend answering).
     pub fn start(self) -> Tollgate {
@@ -126,6 +138,7 @@ impl TollgateBuilder {
             args: self.args,
             envs: self.envs,
             no_config: self.no_config,
+            under: self.under,
             _dir: Some(dir),
         };
         tollgate.spawn();
@@ -175,6 +188,7 @@ pub struct Tollgate {
     args: Vec<String>,
     envs: Vec<(String, String)>,
     no_config: bool,
+    under: Vec<String>,
     /// Keeps the config directory and logs alive as long as the process.
     _dir: Option<TempDir>,
 }
@@ -263,7 +277,14 @@ impl Tollgate {
         // - a generous backend deadline: on a loaded machine the production 50 ms would turn
         //   ordinary decisions into failure-mode answers;
         // - a key prefix of its own, so instances on a shared Redis count apart.
-        let mut command = Command::new(tollgate_bin());
+        let mut command = match self.under.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(tollgate_bin());
+                command
+            }
+            None => Command::new(tollgate_bin()),
+        };
         command.arg("serve");
         if !self.no_config {
             command.arg("--config").arg(&self.config_dir);

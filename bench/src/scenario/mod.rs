@@ -17,6 +17,7 @@ pub mod connections;
 pub mod cost;
 pub mod grpc_floor;
 pub mod hotkey;
+pub mod instructions;
 pub mod lease;
 pub mod limitador;
 pub mod matrix;
@@ -84,11 +85,13 @@ pub enum ScenarioName {
     Workers,
     /// Where a decision's CPU goes in tollgate and the empty server, sampled by perf.
     Profile,
+    /// Instructions per call of tollgate and the empty server, counted by callgrind.
+    Instructions,
 }
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 15] = [
+    pub const ALL: [ScenarioName; 16] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -104,6 +107,7 @@ impl ScenarioName {
         ScenarioName::RedisBound,
         ScenarioName::Workers,
         ScenarioName::Profile,
+        ScenarioName::Instructions,
     ];
 
     /// The name in records, file names and report markers.
@@ -124,6 +128,7 @@ impl ScenarioName {
             ScenarioName::RedisBound => "redis-bound",
             ScenarioName::Workers => "workers",
             ScenarioName::Profile => "profile",
+            ScenarioName::Instructions => "instructions",
         }
     }
 }
@@ -146,6 +151,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::RedisBound => Box::new(redis_bound::RedisBound::new(defaults())),
         ScenarioName::Workers => Box::new(workers::WorkersScenario::new(defaults())),
         ScenarioName::Profile => Box::new(profile::Profile::new(defaults())),
+        ScenarioName::Instructions => Box::new(instructions::Instructions::new(defaults())),
     }
 }
 

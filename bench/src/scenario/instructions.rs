@@ -1,0 +1,431 @@
+//! `instructions`: the instructions a call costs tollgate and the empty RLS server, counted by
+//! valgrind's callgrind, so that two servers can be compared to the percent on a machine whose
+//! timings drift by ten.
+//!
+//! Each server runs under `valgrind --tool=callgrind` with counting off. h2load sends it the
+//! same request over and over (one descriptor value, answered OK, as in grpc-floor); after a
+//! warm-up, `callgrind_control` turns counting on for a fixed number of calls and off again, and
+//! the dump's total over the calls answered is the server's instructions per call. The servers:
+//! the empty server, tollgate on the memory backend as it starts by default, and tollgate with
+//! one part turned off (the local over-limit cache, the per-limit statistics), so that what each
+//! part costs a call is a difference measured in the same run.
+//!
+//! Instructions are not time: callgrind counts only the server's own user-space instructions,
+//! one thread at a time, so what the kernel does for a call, cache misses and waits on other
+//! cores are not in them. They are what a change to the code changes, and they do not drift:
+//! runs of one build agree to a fraction of a percent.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::doc::{Align, Table, count, count_range, measured, median, range};
+use crate::empty::EmptyProcess;
+use crate::h2load::{H2Load, H2LoadOptions};
+use crate::scenario::{
+    Algorithm, Bench, DOMAIN, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
+    runs_of, say,
+};
+use crate::stand::{Backend, MeasuredServer, Stand};
+
+/// The calls counted per server in a smoke run.
+const QUICK_CALLS: u64 = 500;
+
+/// How long a dump may take to appear once asked for.
+const DUMP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The options of `instructions`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InstructionsOptions {
+    /// Calls counted per server and run (a smoke run counts at most 500).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    pub calls: u64,
+
+    /// How h2load sends them.
+    #[command(flatten)]
+    pub h2load: H2LoadOptions,
+}
+
+/// The `instructions` scenario.
+pub struct Instructions {
+    options: InstructionsOptions,
+}
+
+impl Instructions {
+    /// The scenario with `options`.
+    pub fn new(options: InstructionsOptions) -> Instructions {
+        Instructions { options }
+    }
+}
+
+/// Which server a run counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Server {
+    /// The empty RLS server.
+    Empty,
+    /// tollgate on the memory backend, as it starts by default.
+    Tollgate,
+    /// The same, with `--local-cache-bytes 0`.
+    TollgateNoLocalCache,
+    /// The same, with `DISABLE_STATS=true`.
+    TollgateNoStats,
+}
+
+impl Server {
+    const ALL: [Server; 4] = [
+        Server::Empty,
+        Server::Tollgate,
+        Server::TollgateNoLocalCache,
+        Server::TollgateNoStats,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Server::Empty => "empty RLS server",
+            Server::Tollgate => "tollgate, memory backend, defaults",
+            Server::TollgateNoLocalCache => "tollgate, `--local-cache-bytes 0`",
+            Server::TollgateNoStats => "tollgate, `DISABLE_STATS=true`",
+        }
+    }
+
+    fn file_stem(self) -> &'static str {
+        match self {
+            Server::Empty => "empty",
+            Server::Tollgate => "tollgate",
+            Server::TollgateNoLocalCache => "tollgate-no-local-cache",
+            Server::TollgateNoStats => "tollgate-no-stats",
+        }
+    }
+}
+
+/// One counted run of one server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstructionsRun {
+    /// Which server.
+    pub server: Server,
+    /// Run number, from 1.
+    pub run: u32,
+    /// Calls answered while counting.
+    pub calls: u64,
+    /// Instructions the server executed while counting, all its threads.
+    pub instructions: u64,
+}
+
+impl InstructionsRun {
+    fn per_call(&self) -> f64 {
+        self.instructions as f64 / self.calls.max(1) as f64
+    }
+}
+
+const KEY: &str = "user";
+
+impl Scenario for Instructions {
+    fn name(&self) -> ScenarioName {
+        ScenarioName::Instructions
+    }
+
+    fn unavailable(&self) -> Option<String> {
+        let tools = [
+            ("TOLLGATE_VALGRIND", "valgrind"),
+            ("TOLLGATE_CALLGRIND_CONTROL", "callgrind_control"),
+        ];
+        for (variable, name) in tools {
+            if let Err(error) =
+                crate::proc::find_tool(variable, name, "it comes with the Debian package valgrind")
+            {
+                return Some(format!("{error:#}"));
+            }
+        }
+        H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0"))
+            .err()
+            .map(|error| format!("{error:#}"))
+    }
+
+    fn run(&self, bench: &mut Bench) -> anyhow::Result<()> {
+        let options = &self.options;
+        let calls = if bench.scale.quick {
+            options.calls.min(QUICK_CALLS)
+        } else {
+            options.calls
+        };
+        let h2load = H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0"))?;
+        let valgrind = crate::proc::find_tool("TOLLGATE_VALGRIND", "valgrind", "")?;
+        let control =
+            crate::proc::find_tool("TOLLGATE_CALLGRIND_CONTROL", "callgrind_control", "")?;
+        let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
+        bench.servers.ensure(Backend::Memory);
+        let dumps = tempfile::Builder::new()
+            .prefix("tollgate-bench-callgrind-")
+            .tempdir()
+            .context("creating a directory for callgrind's dumps")?;
+        let (servers, tools) = bench.split();
+        for run in 1..=tools.scale.runs {
+            for server in Server::ALL {
+                let out = dumps
+                    .path()
+                    .join(format!("{}-{run}.callgrind", server.file_stem()));
+                let under = vec![
+                    valgrind.display().to_string(),
+                    "--tool=callgrind".to_owned(),
+                    "--instr-atstart=no".to_owned(),
+                    format!("--callgrind-out-file={}", out.display()),
+                ];
+                let process: Box<dyn MeasuredServer> = match server {
+                    Server::Empty => Box::new(EmptyProcess::start_under(&under)?),
+                    Server::Tollgate => Box::new(Stand::start_under(
+                        servers,
+                        Backend::Memory,
+                        &policy,
+                        "deny",
+                        &[],
+                        &[],
+                        &under,
+                    )?),
+                    Server::TollgateNoLocalCache => Box::new(Stand::start_under(
+                        servers,
+                        Backend::Memory,
+                        &policy,
+                        "deny",
+                        &["--local-cache-bytes".to_owned(), "0".to_owned()],
+                        &[],
+                        &under,
+                    )?),
+                    Server::TollgateNoStats => Box::new(Stand::start_under(
+                        servers,
+                        Backend::Memory,
+                        &policy,
+                        "deny",
+                        &[],
+                        &[("DISABLE_STATS", "true")],
+                        &under,
+                    )?),
+                };
+                let addr = process.grpc_addr();
+                let pid = process.pid()?;
+                let counted = || -> anyhow::Result<(u64, u64)> {
+                    h2load.check_answered_ok(tools.loader, addr)?;
+                    // Warm: connections made, tables and allocator caches filled.
+                    h2load.run_calls(addr, (calls / 5).max(100), &options.h2load)?;
+                    callgrind(&control, pid, "--instr=on")?;
+                    let load = h2load.run_calls(addr, calls, &options.h2load)?;
+                    callgrind(&control, pid, "--instr=off")?;
+                    callgrind(&control, pid, "--dump")?;
+                    Ok((load.succeeded, dumped_total(&out, addr)?))
+                };
+                let (answered, instructions) = counted().with_context(|| {
+                    format!(
+                        "counting {} under callgrind:\n{}",
+                        server.label(),
+                        process.log()
+                    )
+                })?;
+                drop(process);
+                let record = InstructionsRun {
+                    server,
+                    run,
+                    calls: answered,
+                    instructions,
+                };
+                say(&format!(
+                    "  instructions run {run} {}: {} a call",
+                    server.label(),
+                    count(Some(record.per_call())),
+                ));
+                tools.records.record("run", &record)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn render(&self, records: &[Value]) -> anyhow::Result<String> {
+        render(records)
+    }
+}
+
+/// Sends `command` (`--instr=on`, `--dump`, ...) to the callgrind of process `pid`.
+fn callgrind(control: &Path, pid: u32, command: &str) -> anyhow::Result<()> {
+    let output = Command::new(control)
+        .arg(command)
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", control.display()))?;
+    if !output.status.success() {
+        bail!(
+            "callgrind_control {command} {pid} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The total of the first dump callgrind wrote for `out` (`<out>.1`), once it is whole: the
+/// file ends with its `totals:` line.
+fn dumped_total(out: &Path, server: SocketAddr) -> anyhow::Result<u64> {
+    let mut dump = out.as_os_str().to_owned();
+    dump.push(".1");
+    let dump = PathBuf::from(dump);
+    let deadline = Instant::now() + DUMP_TIMEOUT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&dump)
+            && let Some(total) = text.lines().find_map(|line| line.strip_prefix("totals:"))
+        {
+            return total
+                .trim()
+                .parse()
+                .with_context(|| format!("the totals of {}: {total:?}", dump.display()));
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "callgrind wrote no whole dump of {server} to {} within {DUMP_TIMEOUT:?}",
+                dump.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The instructions section of the report.
+pub fn render(records: &[Value]) -> anyhow::Result<String> {
+    let conditions = conditions_of(records)?;
+    let runs: Vec<InstructionsRun> = runs_of(records, "instructions")?;
+    let calls = median(runs.iter().map(|r| r.calls as f64));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### Instructions per call, counted\n\n{} Each server runs under valgrind's callgrind; \
+         h2load sends it the request of grpc-floor's h2load runs (one descriptor value, \
+         answered OK) and, after a warm-up, callgrind counts the server's instructions over {} \
+         calls. Counted are the server process's own user-space instructions, every thread, one \
+         at a time: not the kernel's work for a call, not cache misses, not waits on other \
+         cores. They are what a change to the code changes, and runs of one build agree to a \
+         fraction of a percent, where timings here drift by ten.\n",
+        measured(&conditions),
+        count(calls),
+    );
+    render_counts(&runs, &mut out);
+    Ok(out)
+}
+
+/// The table of instructions per call, the ratio, and what each part costs.
+fn render_counts(runs: &[InstructionsRun], out: &mut String) {
+    let per_call = |server: Server| {
+        median(
+            runs.iter()
+                .filter(|r| r.server == server)
+                .map(InstructionsRun::per_call),
+        )
+    };
+    let empty = per_call(Server::Empty);
+    let mut table = Table::new(&[
+        ("server", Align::Left),
+        ("instructions/call", Align::Right),
+        ("min–max", Align::Right),
+        ("beside the empty server", Align::Right),
+    ]);
+    for server in Server::ALL {
+        let values: Vec<f64> = runs
+            .iter()
+            .filter(|r| r.server == server)
+            .map(InstructionsRun::per_call)
+            .collect();
+        let own = median(values.iter().copied());
+        let beside = match (own, empty) {
+            (Some(own), Some(empty)) if server != Server::Empty => {
+                format!("+{}", count(Some(own - empty)))
+            }
+            _ => "–".to_owned(),
+        };
+        table.row(vec![
+            server.label().to_owned(),
+            count(own),
+            count_range(range(values.iter().copied())),
+            beside,
+        ]);
+    }
+    out.push_str(&table.render());
+    if let (Some(tollgate), Some(empty)) = (per_call(Server::Tollgate), empty) {
+        let _ = writeln!(
+            out,
+            "\nempty server ÷ tollgate, in instructions per call: {:.3}. Were a call's cost its \
+             instructions alone, that would be tollgate's calls a second beside the empty \
+             server's; the kernel's share, the same for both, brings the measured ratio closer \
+             to 1.",
+            empty / tollgate,
+        );
+    }
+    let part = |without: Server, what: &str, out: &mut String| {
+        if let (Some(with), Some(without)) = (per_call(Server::Tollgate), per_call(without)) {
+            let _ = writeln!(
+                out,
+                "- {what}: {} instructions a call.",
+                count(Some(with - without))
+            );
+        }
+    };
+    out.push_str("\nWhat parts of the decision cost, by difference:\n\n");
+    part(
+        Server::TollgateNoLocalCache,
+        "the local over-limit cache (on by default with the memory backend)",
+        out,
+    );
+    part(Server::TollgateNoStats, "the per-limit statistics", out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(server: Server, run: u32, instructions: u64) -> InstructionsRun {
+        InstructionsRun {
+            server,
+            run,
+            calls: 1_000,
+            instructions,
+        }
+    }
+
+    #[test]
+    fn renders_each_server_beside_the_empty_one_and_the_parts_by_difference() {
+        let mut runs = Vec::new();
+        for r in 1..=3 {
+            runs.push(run(Server::Empty, r, 50_000_000 + u64::from(r) * 1_000));
+            runs.push(run(Server::Tollgate, r, 60_000_000));
+            runs.push(run(Server::TollgateNoLocalCache, r, 59_000_000));
+            runs.push(run(Server::TollgateNoStats, r, 59_500_000));
+        }
+        let mut section = String::new();
+        render_counts(&runs, &mut section);
+        assert!(
+            section.contains(
+                "| tollgate, memory backend, defaults | 60,000 | 60,000–60,000 | +9,998 |"
+            ),
+            "{section}"
+        );
+        assert!(
+            section.contains("| empty RLS server | 50,002 | 50,001–50,003 | – |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("in instructions per call: 0.833."),
+            "{section}"
+        );
+        assert!(
+            section.contains("the local over-limit cache (on by default with the memory backend): 1,000 instructions a call."),
+            "{section}"
+        );
+        assert!(
+            section.contains("the per-limit statistics: 500 instructions a call."),
+            "{section}"
+        );
+    }
+}
