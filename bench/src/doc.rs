@@ -121,10 +121,23 @@ pub fn plural(n: u64) -> &'static str {
 /// The sentences that open a scenario's section: when it ran, on what build, how busy the
 /// machine was, and how long each point was measured.
 pub fn measured(conditions: &Conditions) -> String {
+    let scale = format!(
+        "Every point: a {} warmup (not counted), then {} measured run{} of {}; tables give the \
+         median and the min–max of the runs.",
+        seconds(conditions.warmup_seconds),
+        conditions.runs,
+        plural(u64::from(conditions.runs)),
+        seconds(conditions.duration_seconds),
+    );
+    opening(conditions, &scale)
+}
+
+/// [`measured`] for a scenario that counts rather than times: `scale` says how much it counted
+/// in place of the warmup and the runs' length.
+pub fn opening(conditions: &Conditions, scale: &str) -> String {
     let mut text = format!(
         "Measured {} ({:.0} s) at commit `{}`, {} build, on {}; load average {} at the start, {} \
-         at the end. Every point: a {} warmup (not counted), then {} measured run{} of {}; tables give \
-         the median and the min–max of the runs.",
+         at the end. {scale}",
         conditions.started,
         conditions.seconds,
         conditions.machine.commit,
@@ -132,10 +145,6 @@ pub fn measured(conditions: &Conditions) -> String {
         conditions.machine.cpus_text(),
         load(conditions.load_start),
         load(conditions.load_end),
-        seconds(conditions.warmup_seconds),
-        conditions.runs,
-        plural(u64::from(conditions.runs)),
-        seconds(conditions.duration_seconds),
     );
     if conditions.quick {
         text.push_str(" **A smoke run (`--quick`): too short for its numbers to mean anything.**");

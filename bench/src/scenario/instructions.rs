@@ -25,7 +25,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Align, Table, count, count_range, measured, median, range};
+use crate::doc::{Align, Table, count, count_range, median, opening, plural, range};
 use crate::empty::EmptyProcess;
 use crate::h2load::{H2Load, H2LoadOptions};
 use crate::scenario::{
@@ -173,6 +173,7 @@ impl Scenario for Instructions {
                     .join(format!("{}-{run}.callgrind", server.file_stem()));
                 let under = vec![
                     valgrind.display().to_string(),
+                    "--quiet".to_owned(),
                     "--tool=callgrind".to_owned(),
                     "--instr-atstart=no".to_owned(),
                     format!("--callgrind-out-file={}", out.display()),
@@ -300,16 +301,21 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let runs: Vec<InstructionsRun> = runs_of(records, "instructions")?;
     let calls = median(runs.iter().map(|r| r.calls as f64));
     let mut out = String::new();
+    let scale = format!(
+        "Each server was counted in {} run{}; the table gives the median and the min–max.",
+        conditions.runs,
+        plural(u64::from(conditions.runs)),
+    );
     let _ = writeln!(
         out,
         "### Instructions per call, counted\n\n{} Each server runs under valgrind's callgrind; \
          h2load sends it the request of grpc-floor's h2load runs (one descriptor value, \
-         answered OK) and, after a warm-up, callgrind counts the server's instructions over {} \
-         calls. Counted are the server process's own user-space instructions, every thread, one \
+         answered OK) and, after a warm-up of a fifth as many calls, callgrind counts the \
+         server's instructions over {} calls. Counted are the server process's own user-space instructions, every thread, one \
          at a time: not the kernel's work for a call, not cache misses, not waits on other \
          cores. They are what a change to the code changes, and runs of one build agree to a \
          fraction of a percent, where timings here drift by ten.\n",
-        measured(&conditions),
+        opening(&conditions, &scale),
         count(calls),
     );
     render_counts(&runs, &mut out);
