@@ -726,12 +726,17 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         };
         let empty = per_call("empty");
         assert!(empty > 0.0);
-        for server in ["tollgate", "tollgate-no-local-cache", "tollgate-no-stats"] {
+        for server in [
+            "tollgate",
+            "tollgate-no-local-cache",
+            "tollgate-no-stats",
+            "tollgate-redis",
+        ] {
             assert!(per_call(server) > empty, "{server}");
         }
         assert_eq!(
             table_after(&doc, "### Instructions per call, counted").len(),
-            4
+            5
         );
     } else {
         let stderr = String::from_utf8_lossy(&output.stderr);

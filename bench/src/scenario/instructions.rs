@@ -6,9 +6,10 @@
 //! same request over and over (one descriptor value, answered OK, as in grpc-floor); after a
 //! warm-up, `callgrind_control` turns counting on for a fixed number of calls and off again, and
 //! the dump's total over the calls answered is the server's instructions per call. The servers:
-//! the empty server, tollgate on the memory backend as it starts by default, and tollgate with
-//! one part turned off (the local over-limit cache, the per-limit statistics), so that what each
-//! part costs a call is a difference measured in the same run.
+//! the empty server, tollgate on the memory backend as it starts by default, tollgate with one
+//! part turned off (the local over-limit cache, the per-limit statistics), so that what each
+//! part costs a call is a difference measured in the same run, and tollgate on one Redis (its
+//! own instructions only: redis-server is another process).
 //!
 //! Instructions are not time: callgrind counts only the server's own user-space instructions,
 //! one thread at a time, so what the kernel does for a call, cache misses and waits on other
@@ -76,14 +77,17 @@ pub enum Server {
     TollgateNoLocalCache,
     /// The same, with `DISABLE_STATS=true`.
     TollgateNoStats,
+    /// tollgate on one redis-server, as it starts by default.
+    TollgateRedis,
 }
 
 impl Server {
-    const ALL: [Server; 4] = [
+    const ALL: [Server; 5] = [
         Server::Empty,
         Server::Tollgate,
         Server::TollgateNoLocalCache,
         Server::TollgateNoStats,
+        Server::TollgateRedis,
     ];
 
     fn label(self) -> &'static str {
@@ -92,6 +96,7 @@ impl Server {
             Server::Tollgate => "tollgate, memory backend, defaults",
             Server::TollgateNoLocalCache => "tollgate, `--local-cache-bytes 0`",
             Server::TollgateNoStats => "tollgate, `DISABLE_STATS=true`",
+            Server::TollgateRedis => "tollgate, one Redis, defaults",
         }
     }
 
@@ -101,6 +106,7 @@ impl Server {
             Server::Tollgate => "tollgate",
             Server::TollgateNoLocalCache => "tollgate-no-local-cache",
             Server::TollgateNoStats => "tollgate-no-stats",
+            Server::TollgateRedis => "tollgate-redis",
         }
     }
 }
@@ -161,6 +167,7 @@ impl Scenario for Instructions {
             crate::proc::find_tool("TOLLGATE_CALLGRIND_CONTROL", "callgrind_control", "")?;
         let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
         bench.servers.ensure(Backend::Memory);
+        bench.servers.ensure(Backend::Redis);
         let dumps = tempfile::Builder::new()
             .prefix("tollgate-bench-callgrind-")
             .tempdir()
@@ -205,6 +212,15 @@ impl Scenario for Instructions {
                         "deny",
                         &[],
                         &[("DISABLE_STATS", "true")],
+                        &under,
+                    )?),
+                    Server::TollgateRedis => Box::new(Stand::start_under(
+                        servers,
+                        Backend::Redis,
+                        &policy,
+                        "deny",
+                        &[],
+                        &[],
                         &under,
                     )?),
                 };
@@ -385,6 +401,17 @@ fn render_counts(runs: &[InstructionsRun], out: &mut String) {
         out,
     );
     part(Server::TollgateNoStats, "the per-limit statistics", out);
+    if let (Some(redis), Some(memory)) =
+        (per_call(Server::TollgateRedis), per_call(Server::Tollgate))
+    {
+        let _ = writeln!(
+            out,
+            "- one Redis in place of the memory backend, in tollgate's own instructions (the \
+             Redis client, its connection's task, the script call; redis-server's work is not \
+             counted): {} a call.",
+            count(Some(redis - memory))
+        );
+    }
 }
 
 #[cfg(test)]
@@ -408,6 +435,7 @@ mod tests {
             runs.push(run(Server::Tollgate, r, 60_000_000));
             runs.push(run(Server::TollgateNoLocalCache, r, 59_000_000));
             runs.push(run(Server::TollgateNoStats, r, 59_500_000));
+            runs.push(run(Server::TollgateRedis, r, 75_000_000));
         }
         let mut section = String::new();
         render_counts(&runs, &mut section);
@@ -431,6 +459,10 @@ mod tests {
         );
         assert!(
             section.contains("the per-limit statistics: 500 instructions a call."),
+            "{section}"
+        );
+        assert!(
+            section.contains("redis-server's work is not counted): 15,000 a call."),
             "{section}"
         );
     }
