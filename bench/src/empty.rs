@@ -9,7 +9,7 @@
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
@@ -39,16 +39,8 @@ impl EmptyProcess {
     /// which keeps the server's process id.
     pub fn start_under(under: &[String]) -> anyhow::Result<EmptyProcess> {
         let exe = std::env::current_exe().context("finding tollgate-bench itself")?;
-        let mut command = match under.split_first() {
-            Some((program, args)) => {
-                let mut command = Command::new(program);
-                command.args(args).arg(exe);
-                command
-            }
-            None => Command::new(exe),
-        };
         let mut process = OwnedChild::new(
-            command
+            tollgate_testkit::process::command_under(under, exe)
                 .args(["empty-server", "--listen", "127.0.0.1:0"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -32,6 +32,20 @@ static SPAWNER: LazyLock<Mutex<Sender<Job>>> = LazyLock::new(|| {
     Mutex::new(jobs)
 });
 
+/// A command running `program`; when `under` names a program (and its flags), that program
+/// with `program` appended to them instead: valgrind, for instance, which runs it in the same
+/// process.
+pub fn command_under(under: &[String], program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match under.split_first() {
+        Some((wrapper, flags)) => {
+            let mut command = Command::new(wrapper);
+            command.args(flags).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
+}
+
 /// Spawns `command` so that it is killed (SIGKILL) when this process exits, even by a signal.
 pub fn spawn(mut command: Command) -> io::Result<Child> {
     // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.

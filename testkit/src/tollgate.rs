@@ -277,14 +277,7 @@ impl Tollgate {
         // - a generous backend deadline: on a loaded machine the production 50 ms would turn
         //   ordinary decisions into failure-mode answers;
         // - a key prefix of its own, so instances on a shared Redis count apart.
-        let mut command = match self.under.split_first() {
-            Some((program, args)) => {
-                let mut command = Command::new(program);
-                command.args(args).arg(tollgate_bin());
-                command
-            }
-            None => Command::new(tollgate_bin()),
-        };
+        let mut command = process::command_under(&self.under, tollgate_bin());
         command.arg("serve");
         if !self.no_config {
             command.arg("--config").arg(&self.config_dir);

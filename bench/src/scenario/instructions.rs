@@ -100,6 +100,26 @@ impl Server {
         }
     }
 
+    /// How this tollgate starts; `None` for the empty server.
+    fn tollgate(self) -> Option<Start> {
+        let start = |backend, extra, envs| {
+            Some(Start {
+                backend,
+                extra,
+                envs,
+            })
+        };
+        match self {
+            Server::Empty => None,
+            Server::Tollgate => start(Backend::Memory, &[], &[]),
+            Server::TollgateNoLocalCache => {
+                start(Backend::Memory, &["--local-cache-bytes", "0"], &[])
+            }
+            Server::TollgateNoStats => start(Backend::Memory, &[], &[("DISABLE_STATS", "true")]),
+            Server::TollgateRedis => start(Backend::Redis, &[], &[]),
+        }
+    }
+
     fn file_stem(self) -> &'static str {
         match self {
             Server::Empty => "empty",
@@ -109,6 +129,13 @@ impl Server {
             Server::TollgateRedis => "tollgate-redis",
         }
     }
+}
+
+/// How a counted tollgate starts: its backend, and the flags and environment it adds.
+struct Start {
+    backend: Backend,
+    extra: &'static [&'static str],
+    envs: &'static [(&'static str, &'static str)],
 }
 
 /// One counted run of one server.
@@ -185,44 +212,21 @@ impl Scenario for Instructions {
                     "--instr-atstart=no".to_owned(),
                     format!("--callgrind-out-file={}", out.display()),
                 ];
-                let process: Box<dyn MeasuredServer> = match server {
-                    Server::Empty => Box::new(EmptyProcess::start_under(&under)?),
-                    Server::Tollgate => Box::new(Stand::start_under(
-                        servers,
-                        Backend::Memory,
-                        &policy,
-                        "deny",
-                        &[],
-                        &[],
-                        &under,
-                    )?),
-                    Server::TollgateNoLocalCache => Box::new(Stand::start_under(
-                        servers,
-                        Backend::Memory,
-                        &policy,
-                        "deny",
-                        &["--local-cache-bytes".to_owned(), "0".to_owned()],
-                        &[],
-                        &under,
-                    )?),
-                    Server::TollgateNoStats => Box::new(Stand::start_under(
-                        servers,
-                        Backend::Memory,
-                        &policy,
-                        "deny",
-                        &[],
-                        &[("DISABLE_STATS", "true")],
-                        &under,
-                    )?),
-                    Server::TollgateRedis => Box::new(Stand::start_under(
-                        servers,
-                        Backend::Redis,
-                        &policy,
-                        "deny",
-                        &[],
-                        &[],
-                        &under,
-                    )?),
+                let process: Box<dyn MeasuredServer> = match server.tollgate() {
+                    None => Box::new(EmptyProcess::start_under(&under)?),
+                    Some(start) => {
+                        let extra: Vec<String> =
+                            start.extra.iter().map(|flag| (*flag).to_owned()).collect();
+                        Box::new(Stand::start_under(
+                            servers,
+                            start.backend,
+                            &policy,
+                            "deny",
+                            &extra,
+                            start.envs,
+                            &under,
+                        )?)
+                    }
                 };
                 let addr = process.grpc_addr();
                 let pid = process.pid()?;
