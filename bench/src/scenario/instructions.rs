@@ -165,18 +165,8 @@ impl Scenario for Instructions {
     }
 
     fn unavailable(&self) -> Option<String> {
-        let tools = [
-            ("TOLLGATE_VALGRIND", "valgrind"),
-            ("TOLLGATE_CALLGRIND_CONTROL", "callgrind_control"),
-        ];
-        for (variable, name) in tools {
-            if let Err(error) =
-                crate::proc::find_tool(variable, name, "it comes with the Debian package valgrind")
-            {
-                return Some(format!("{error:#}"));
-            }
-        }
-        H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0"))
+        callgrind_tools()
+            .and_then(|_| H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0")))
             .err()
             .map(|error| format!("{error:#}"))
     }
@@ -189,9 +179,7 @@ impl Scenario for Instructions {
             options.calls
         };
         let h2load = H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0"))?;
-        let valgrind = crate::proc::find_tool("TOLLGATE_VALGRIND", "valgrind", "")?;
-        let control =
-            crate::proc::find_tool("TOLLGATE_CALLGRIND_CONTROL", "callgrind_control", "")?;
+        let (valgrind, control) = callgrind_tools()?;
         let policy = policy(&[(KEY.to_owned(), Algorithm::Counter, UNREACHABLE_LIMIT, 1)]);
         bench.servers.ensure(Backend::Memory);
         bench.servers.ensure(Backend::Redis);
@@ -237,6 +225,10 @@ impl Scenario for Instructions {
                     callgrind(&control, pid, "--instr=on")?;
                     let load = h2load.run_calls(addr, calls, &options.h2load)?;
                     callgrind(&control, pid, "--instr=off")?;
+                    // A failed call's instructions would be counted as part of the others'.
+                    if load.failed > 0 {
+                        bail!("{} of the {} calls counted failed", load.failed, load.done);
+                    }
                     callgrind(&control, pid, "--dump")?;
                     Ok((load.succeeded, dumped_total(&out, addr)?))
                 };
@@ -268,6 +260,16 @@ impl Scenario for Instructions {
     fn render(&self, records: &[Value]) -> anyhow::Result<String> {
         render(records)
     }
+}
+
+/// valgrind and callgrind_control (`$TOLLGATE_VALGRIND`, `$TOLLGATE_CALLGRIND_CONTROL`, else
+/// the ones on the `PATH`).
+fn callgrind_tools() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let install = "it comes with the Debian package valgrind";
+    Ok((
+        crate::proc::find_tool("TOLLGATE_VALGRIND", "valgrind", install)?,
+        crate::proc::find_tool("TOLLGATE_CALLGRIND_CONTROL", "callgrind_control", install)?,
+    ))
 }
 
 /// Sends `command` (`--instr=on`, `--dump`, ...) to the callgrind of process `pid`.
