@@ -209,9 +209,10 @@ enum Command {
         options: ProfileOptions,
     },
 
-    /// Instructions per call, counted by callgrind: the empty RLS server and tollgate on the
-    /// memory backend (by default, without the local cache, without per-limit statistics),
-    /// each under valgrind, sent the same calls by h2load (needs valgrind and h2load).
+    /// Instructions per call, counted by callgrind: the empty RLS server, tollgate on the memory
+    /// backend (by default, without the local cache, without per-limit statistics) and tollgate
+    /// on one Redis, each under valgrind, sent the same calls by h2load (needs valgrind and
+    /// h2load).
     Instructions {
         #[command(flatten)]
         scale: ScaleArgs,
