@@ -310,23 +310,12 @@ impl<'a> Stand<'a> {
         failure_mode: &str,
         extra: &[String],
     ) -> anyhow::Result<Self> {
-        Stand::start_with_env(servers, backend, policy, failure_mode, extra, &[])
+        Stand::start_under(servers, backend, policy, failure_mode, extra, &[], &[])
     }
 
-    /// [`Stand::start_with`] with environment variables of the process (`DISABLE_STATS`, ...).
-    pub fn start_with_env(
-        servers: &'a Servers,
-        backend: Backend,
-        policy: &str,
-        failure_mode: &str,
-        extra: &[String],
-        envs: &[(&str, &str)],
-    ) -> anyhow::Result<Self> {
-        Stand::start_under(servers, backend, policy, failure_mode, extra, envs, &[])
-    }
-
-    /// [`Stand::start_with_env`] with tollgate run under `under` (a program and its flags, e.g.
-    /// valgrind's), which keeps tollgate's process id.
+    /// [`Stand::start_with`] with environment variables of the process (`DISABLE_STATS`, ...),
+    /// and tollgate run under `under` (a program and its flags, e.g. valgrind's, which keeps
+    /// tollgate's process id; empty: tollgate itself).
     pub fn start_under(
         servers: &'a Servers,
         backend: Backend,

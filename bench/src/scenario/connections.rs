@@ -94,8 +94,15 @@ impl Scenario for Connections {
         for &size in &options.pool_sizes {
             let size_text = size.to_string();
             let envs = [("REDIS_POOL_SIZE", size_text.as_str())];
-            let stand =
-                Stand::start_with_env(&bench.servers, Backend::Redis, &policy, "deny", &[], &envs)?;
+            let stand = Stand::start_under(
+                &bench.servers,
+                Backend::Redis,
+                &policy,
+                "deny",
+                &[],
+                &envs,
+                &[],
+            )?;
             let connections = bench
                 .loader
                 .connect(&[stand.grpc_addr()], options.load.connections)?;

@@ -92,7 +92,15 @@ impl Scenario for Cost {
         bench.servers.ensure(Backend::Memory);
         let shape = uniform_shape(vec![KEY.to_owned()], options.load.keys);
         let start = |envs: &[(&str, &str)]| {
-            Stand::start_with_env(&bench.servers, Backend::Memory, &policy, "deny", &[], envs)
+            Stand::start_under(
+                &bench.servers,
+                Backend::Memory,
+                &policy,
+                "deny",
+                &[],
+                envs,
+                &[],
+            )
         };
         let stands = [
             (Mode::StatsOff, start(&[("DISABLE_STATS", "true")])?),
