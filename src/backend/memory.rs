@@ -46,7 +46,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hasher};
 use std::mem::size_of;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -110,10 +110,8 @@ const MAX_WINDOW_MS: u64 = 1 << 40;
 /// Sliding windows kept in process memory.
 pub struct MemoryBackend {
     clock: Arc<dyn Clock>,
-    /// Hashes an identity for the table (and the shard).
-    table_hasher: RandomState,
-    /// Hashes it again, independently, to confirm a match.
-    check_hasher: RandomState,
+    /// Hashes an identity: the table's hash (and the shard's), then its check.
+    hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
     budget: usize,
 }
@@ -136,8 +134,7 @@ impl MemoryBackend {
         let share = budget / SHARD_COUNT;
         MemoryBackend {
             clock,
-            table_hasher: RandomState::new(),
-            check_hasher: RandomState::new(),
+            hasher: RandomState::new(),
             shards: (0..SHARD_COUNT)
                 .map(|_| Mutex::new(Shard::new(share)))
                 .collect(),
@@ -192,17 +189,25 @@ impl MemoryBackend {
 
     /// The identity of a window: its two keyed hashes, and the index of its shard.
     fn locate(&self, key: &str, algorithm: Algorithm, window_ms: u64) -> (Id, usize) {
-        let digest = |hasher: &RandomState| {
-            let mut state = hasher.build_hasher();
-            key.hash(&mut state);
-            algorithm.hash(&mut state);
-            window_ms.hash(&mut state);
-            state.finish()
+        let mut state = self.hasher.build_hasher();
+        // The key's bytes, then one word of fixed width: the input is told apart by its length
+        // alone, so no separator is needed, and each write costs the hasher a call. The window
+        // is at most MAX_WINDOW_MS (2^40), which leaves room for the algorithm below it.
+        state.write(key.as_bytes());
+        let algorithm_bit = match algorithm {
+            Algorithm::SlidingWindowCounter => 0,
+            Algorithm::SlidingWindowLog => 1,
         };
-        let hash = digest(&self.table_hasher);
+        state.write_u64(window_ms.min(MAX_WINDOW_MS) << 1 | algorithm_bit);
+        let hash = state.finish();
+        // The check is the keyed hash of the same input with one more byte: SipHash is a keyed
+        // pseudo-random function, so the two outputs are as independent as two hashes under two
+        // keys (two identities share both only with a chance of 2^-128), and finishing does not
+        // consume the state, so the key's bytes are hashed once for both.
+        state.write_u8(0xff);
         let id = Id {
             hash,
-            check: digest(&self.check_hasher),
+            check: state.finish(),
         };
         // The remainder is below SHARD_COUNT, so the narrowing cannot lose anything.
         let shard = ((hash >> SHARD_HASH_SHIFT) % SHARD_COUNT as u64) as usize;
@@ -325,7 +330,8 @@ impl ShardKeys for MemoryBackend {
     }
 }
 
-/// A window's identity: two independent keyed hashes of (key, algorithm, window).
+/// A window's identity: two independent keyed hashes of (key, algorithm, window), 128 bits that
+/// stand for the key, which the table does not hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Id {
     hash: u64,
