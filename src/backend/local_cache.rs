@@ -36,7 +36,7 @@
 //! the saving, never correctness.
 
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -194,7 +194,7 @@ impl Stripe {
             return;
         }
         self.entries
-            .reserve(buckets / 8 * 7, |slot| hasher.hash_one(&*slot.key));
+            .reserve(buckets / 8 * 7, |slot| key_hash(hasher, &slot.key));
         if self.entries.allocation_size() > budget / 2 {
             self.entries = HashTable::new();
             return;
@@ -323,7 +323,7 @@ impl<B> LocalCache<B> {
     /// The keyed hash of `key`, which finds both its stripe and its slot. Keys come from
     /// clients: SipHash with random keys keeps them from choosing keys that collide.
     fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
+        key_hash(&self.hasher, key)
     }
 
     fn stripe(&self, hash: u64) -> MutexGuard<'_, Stripe> {
@@ -432,7 +432,7 @@ impl<B> LocalCache<B> {
             stripe
                 .entries
                 .insert_unique(hash, Slot { key, entry }, |slot| {
-                    self.hasher.hash_one(&*slot.key)
+                    key_hash(&self.hasher, &slot.key)
                 });
             m.stored.inc();
         }
@@ -442,6 +442,14 @@ impl<B> LocalCache<B> {
         m.bytes.inc_by(bytes_after as i64 - bytes_before as i64);
         m.entries.inc_by(len_after as i64 - len_before as i64);
     }
+}
+
+/// The keyed hash of a storage key: its bytes alone (the whole input, so nothing has to mark
+/// where it ends), one call into the hasher fewer than hashing a `str`.
+fn key_hash(hasher: &RandomState, key: &str) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write(key.as_bytes());
+    state.finish()
 }
 
 /// Moves the process-wide gauges by what `stripe` changed since it held `bytes` in `len` entries.

@@ -154,8 +154,8 @@ fn metric_key(
     key_only: u64,
 ) -> Option<String> {
     let mark = |index: usize| marks.iter().find(|(i, _)| *i == index).map(|(_, m)| *m);
-    let mut key = String::from(domain);
     if limit.detailed_metric {
+        let mut key = String::from(domain);
         let any_share = marks
             .iter()
             .any(|(_, m)| matches!(m, Mark::Wildcard { share: true, .. }));
@@ -194,6 +194,9 @@ fn metric_key(
     }) {
         return None;
     }
+    // Built only past the check above: most limits use their rule's key, and a decision should
+    // not allocate one to drop it.
+    let mut key = String::from(domain);
     for (index, entry) in entries.iter().enumerate() {
         key.push('.');
         key.push_str(&entry.key);
