@@ -5,9 +5,11 @@
 
 use std::marker::PhantomData;
 
-use prost::Message;
-use tonic::codec::{BufferSettings, Codec};
-use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+use prost::bytes::BufMut;
+use prost::{EncodeError, Message};
+use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
+use tonic_prost::{ProstCodec, ProstDecoder};
 
 /// The buffer each call starts with to decode its request and to encode its answer. tonic's
 /// default is 8 KiB each way per call, two allocations too large for the allocator's per-thread
@@ -18,6 +20,9 @@ pub const BUFFER_BYTES: usize = 512;
 
 /// Work encoded before a streaming call yields to the runtime: tonic's default.
 const YIELD_THRESHOLD: usize = 32 * 1024;
+
+/// The largest message encoded on the stack first (an answer with several statuses fits).
+const STACK_ENCODE_BYTES: usize = 512;
 
 /// [`ProstCodec`] with [`BUFFER_BYTES`] buffers; the generated stubs create one per call.
 #[derive(Debug, Clone)]
@@ -40,14 +45,97 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = ProstEncoder<T>;
+    type Encoder = StackEncoder<T>;
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::raw_encoder(buffers())
+        StackEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
         ProstCodec::<T, U>::raw_decoder(buffers())
+    }
+}
+
+/// Encodes a message into a buffer on the stack, then copies it into tonic's in one piece.
+///
+/// prost writes a message a field at a time, a tag and a varint per call, and tonic's buffer
+/// checks its capacity on each: an answer of one status took two dozen such calls. A plain
+/// slice takes each write as a store. A message larger than [`STACK_ENCODE_BYTES`] is refused
+/// by the slice before anything is written (prost checks the length first) and is encoded into
+/// tonic's buffer directly, as tonic's own encoder does.
+#[derive(Debug)]
+pub struct StackEncoder<T>(PhantomData<T>);
+
+impl<T: Message> Encoder for StackEncoder<T> {
+    type Item = T;
+    type Error = Status;
+
+    fn encode(&mut self, item: T, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        encode_via_stack(&item, dst)
+            .map_err(|error| Status::internal(format!("encoding the message: {error}")))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffers()
+    }
+}
+
+/// Encodes `item` into `dst`, through a slice on the stack when it fits there.
+fn encode_via_stack<T: Message>(item: &T, dst: &mut impl BufMut) -> Result<(), EncodeError> {
+    let mut stack = [0u8; STACK_ENCODE_BYTES];
+    let mut free = &mut stack[..];
+    if item.encode(&mut free).is_ok() {
+        let written = STACK_ENCODE_BYTES - free.len();
+        dst.put_slice(&stack[..written]);
+        return Ok(());
+    }
+    // tonic's buffer grows to whatever the message needs, so this does not run out of room.
+    item.encode(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::bytes::BytesMut;
+
+    use super::*;
+    use crate::proto::RateLimitResponse;
+    use crate::proto::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+
+    fn answer(statuses: usize) -> RateLimitResponse {
+        RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            statuses: (0..statuses)
+                .map(|i| DescriptorStatus {
+                    code: Code::Ok as i32,
+                    current_limit: Some(RateLimit {
+                        name: format!("limit {i}"),
+                        requests_per_unit: 1_000_000 + i as u32,
+                        unit: 2,
+                    }),
+                    limit_remaining: 999_999,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn writes_what_prost_writes_on_either_side_of_the_stack_buffer() {
+        for statuses in [0, 1, 4, 40] {
+            let message = answer(statuses);
+            let expected = message.encode_to_vec();
+            assert_eq!(
+                expected.len() > STACK_ENCODE_BYTES,
+                statuses == 40,
+                "the cases should cover both paths ({statuses} statuses: {} bytes)",
+                expected.len()
+            );
+            let mut dst = BytesMut::from(&b"prefix"[..]);
+            encode_via_stack(&message, &mut dst).unwrap();
+            assert_eq!(&dst[..6], b"prefix");
+            assert_eq!(&dst[6..], &expected[..], "{statuses} statuses");
+        }
     }
 }
