@@ -36,13 +36,14 @@
 //!   its values: a counter is one 48-byte table slot and nothing else, under 64 bytes a key with
 //!   the table's free slots counted; a log adds a 32-byte header and 32 bytes an entry (in pages
 //!   each shard keeps for its logs, apart from the requests' own allocations: see the `log`
-//!   module). Two identities share a window only if both 64-bit halves of their keyed hashes
-//!   collide, a chance of 2^-128 per pair that no client can steer (the hash keys are random per
+//!   module). Two identities share a window only if both 64-bit halves of their keyed hash
+//!   collide, a chance of 2^-128 per pair that no client can steer (the hash key is random per
 //!   process).
 //!
-//! Each hit hashes its identity twice: the first hash picks the shard and finds the slot in the
-//! shard's table, the second confirms it. Keys come from clients, so the hashes are SipHash with
-//! random keys (std's `RandomState`), which keeps an attacker from choosing keys that collide.
+//! Each hit hashes its identity once, for two outputs: the first picks the shard and finds the
+//! slot in the shard's table, the second (the digest of the same input and one more byte)
+//! confirms it. Keys come from clients, so the hash is SipHash with a random key (std's
+//! `RandomState`), which keeps an attacker from choosing keys that collide.
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
@@ -187,7 +188,7 @@ impl MemoryBackend {
         before.saturating_sub(shard.held())
     }
 
-    /// The identity of a window: its two keyed hashes, and the index of its shard.
+    /// The identity of a window: its two keyed digests, and the index of its shard.
     fn locate(&self, key: &str, algorithm: Algorithm, window_ms: u64) -> (Id, usize) {
         let mut state = self.hasher.build_hasher();
         // The key's bytes, then one word of fixed width: the input is told apart by its length
@@ -330,7 +331,7 @@ impl ShardKeys for MemoryBackend {
     }
 }
 
-/// A window's identity: two independent keyed hashes of (key, algorithm, window), 128 bits that
+/// A window's identity: two independent keyed digests of (key, algorithm, window), 128 bits that
 /// stand for the key, which the table does not hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Id {
