@@ -91,6 +91,8 @@ struct Observer {
     latency: Family<CallLabels, Histogram>,
     errors: Family<ErrorLabels, Counter>,
     shard_hits: Family<ShardLabels, Counter>,
+    /// The two series of `shard_hits` (one shard touched, two), once created.
+    shard_hit_counters: [OnceLock<Counter>; 2],
     log: Mutex<HashMap<(&'static str, FailureKind), Burst>>,
     /// Set while some failure is going on; lets every success skip the lock.
     failing: AtomicBool,
@@ -113,6 +115,7 @@ fn observer() -> &'static Observer {
         }),
         errors: Family::default(),
         shard_hits: Family::default(),
+        shard_hit_counters: Default::default(),
         log: Mutex::new(HashMap::new()),
         failing: AtomicBool::new(false),
     })
@@ -143,24 +146,81 @@ pub fn register(registry: &mut Registry) {
 
 /// Records `hits` hits on sharded limits, of which `retried` touched a second shard.
 pub fn shard_hits(hits: usize, retried: usize) {
-    let shard_hits = &observer().shard_hits;
-    let add = |shards_touched, n: usize| {
+    let observer = observer();
+    // Each series is taken from its family once (see [`CallLatency`]).
+    let add = |index: usize, shards_touched, n: usize| {
         if n > 0 {
-            shard_hits
-                .get_or_create(&ShardLabels { shards_touched })
+            observer.shard_hit_counters[index]
+                .get_or_init(|| {
+                    observer
+                        .shard_hits
+                        .get_or_create(&ShardLabels { shards_touched })
+                        .clone()
+                })
                 .inc_by(n as u64);
         }
     };
-    add("1", hits.saturating_sub(retried));
-    add("2", retried);
+    add(0, "1", hits.saturating_sub(retried));
+    add(1, "2", retried);
 }
 
-/// Records one backend call of `operation` on `backend` that took `elapsed`.
-pub fn call(backend: &'static str, operation: &'static str, elapsed: Duration) {
-    observer()
-        .latency
-        .get_or_create(&CallLabels { backend, operation })
-        .observe(elapsed.as_secs_f64());
+/// A backend call, as the latency histogram's `operation` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Deciding hits.
+    Acquire,
+    /// Giving back a rejected request's charges.
+    Release,
+    /// A health check.
+    Ping,
+    /// Loading the scripts.
+    LoadScripts,
+}
+
+impl Operation {
+    /// The `operation` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Acquire => "acquire",
+            Operation::Release => "release",
+            Operation::Ping => "ping",
+            Operation::LoadScripts => "load_scripts",
+        }
+    }
+}
+
+/// The latency histograms of one backend's calls, each taken from its family once: a family
+/// lookup hashes the labels under the family's lock, and every decision would pay for it. A
+/// series appears the first time its operation is recorded, as with a lookup per call.
+#[derive(Debug)]
+pub struct CallLatency {
+    backend: &'static str,
+    histograms: [OnceLock<Histogram>; 4],
+}
+
+impl CallLatency {
+    /// The histograms of `backend`'s calls (its `backend` label).
+    pub fn new(backend: &'static str) -> Self {
+        CallLatency {
+            backend,
+            histograms: Default::default(),
+        }
+    }
+
+    /// Records one call of `operation` that took `elapsed`.
+    pub fn record(&self, operation: Operation, elapsed: Duration) {
+        self.histograms[operation as usize]
+            .get_or_init(|| {
+                observer()
+                    .latency
+                    .get_or_create(&CallLabels {
+                        backend: self.backend,
+                        operation: operation.as_str(),
+                    })
+                    .clone()
+            })
+            .observe(elapsed.as_secs_f64());
+    }
 }
 
 /// Records a failure of `kind` on `backend`: counted always; logged when this kind starts

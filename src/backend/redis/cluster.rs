@@ -34,7 +34,7 @@ use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, ScriptCommand, Scripts};
 use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
-use crate::backend::observe::{self, FailureKind};
+use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
@@ -63,6 +63,8 @@ pub struct ClusterBackend {
     timeout: Duration,
     /// Since when every call has failed, for health (logging is `observe`'s).
     failures: FailureLog,
+    /// Its calls' latency histograms.
+    latency: CallLatency,
 }
 
 impl std::fmt::Debug for ClusterBackend {
@@ -177,6 +179,7 @@ impl ClusterBackend {
             keys: KeySpace::new(key_prefix),
             timeout,
             failures: FailureLog::default(),
+            latency: CallLatency::new(NAME),
         };
         let warm = async {
             let conn = backend
@@ -187,7 +190,9 @@ impl ClusterBackend {
         };
         let started = std::time::Instant::now();
         let warmed = tokio::time::timeout(connect_timeout, warm).await;
-        observe::call(NAME, "load_scripts", started.elapsed());
+        backend
+            .latency
+            .record(Operation::LoadScripts, started.elapsed());
         match warmed {
             Ok(Ok(())) => {}
             // A user who may not run the scripts fails every decision: say so now, not later.
@@ -206,20 +211,23 @@ impl ClusterBackend {
     /// may run the scripts, and reports a permission failure (kind `noperm`) naming what is
     /// missing if not. Any failure to get it is a connection failure.
     async fn connection(&self) -> Result<ClusterConnection, Failure> {
-        let client = self.client.clone();
-        let (scripts, keys, user) = (self.scripts.clone(), self.keys.clone(), self.user.clone());
         self.connection
-            .get_or_open(move || async move {
-                let conn = client
-                    .get_async_connection()
-                    .await
-                    .map_err(|err| backend_error(&err))?;
-                if let Err((true, err)) =
-                    check_permissions(conn.clone(), &scripts, &keys, &user).await
-                {
-                    Failure::new(FailureKind::NoPerm, err).report(NAME);
+            .get_or_open(|| {
+                let client = self.client.clone();
+                let (scripts, keys, user) =
+                    (self.scripts.clone(), self.keys.clone(), self.user.clone());
+                move || async move {
+                    let conn = client
+                        .get_async_connection()
+                        .await
+                        .map_err(|err| backend_error(&err))?;
+                    if let Err((true, err)) =
+                        check_permissions(conn.clone(), &scripts, &keys, &user).await
+                    {
+                        Failure::new(FailureKind::NoPerm, err).report(NAME);
+                    }
+                    Ok(conn)
                 }
-                Ok(conn)
             })
             .await
             .map_err(|error| Failure::new(FailureKind::Connection, error))
@@ -228,7 +236,7 @@ impl ClusterBackend {
     /// Runs one script call within the deadline, resending it only when the node certainly did
     /// not run it (see the module docs). Failures are counted and logged here (by kind);
     /// `operation` names the call in the latency histogram.
-    async fn call(&self, call: &Call<'_>, operation: &'static str) -> Result<Value, BackendError> {
+    async fn call(&self, call: &Call<'_>, operation: Operation) -> Result<Value, BackendError> {
         let run = async {
             let conn = self.connection().await?;
             send_once(conn, call)
@@ -237,7 +245,7 @@ impl ClusterBackend {
         };
         let started = std::time::Instant::now();
         let outcome = tokio::time::timeout(self.timeout, run).await;
-        observe::call(NAME, operation, started.elapsed());
+        self.latency.record(operation, started.elapsed());
         let result = match outcome {
             Ok(result) => result,
             Err(_) => Err(Failure::new(
@@ -267,7 +275,7 @@ impl ClusterBackend {
 
     async fn decide(&self, hit: &Hit) -> Result<Outcome, BackendError> {
         let call = self.scripts.acquire(&self.keys, hit)?;
-        let reply = self.call(&call, "acquire").await?;
+        let reply = self.call(&call, Operation::Acquire).await?;
         call.outcome(hit, reply)
     }
 }
@@ -444,7 +452,7 @@ impl Backend for ClusterBackend {
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        let results = join_all(calls.iter().map(|call| self.call(call, "release"))).await;
+        let results = join_all(calls.iter().map(|call| self.call(call, Operation::Release))).await;
         results.into_iter().try_for_each(|result| result.map(drop))
     }
 
@@ -459,7 +467,7 @@ impl Backend for ClusterBackend {
         };
         let started = std::time::Instant::now();
         let outcome = tokio::time::timeout(self.timeout, ping).await;
-        observe::call(NAME, "ping", started.elapsed());
+        self.latency.record(Operation::Ping, started.elapsed());
         // A ping that answers ends no failure burst: PING works while scripts fail.
         match outcome {
             Ok(Ok(())) => Ok(()),

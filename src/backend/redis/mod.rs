@@ -233,10 +233,14 @@ impl<T: Clone + Send + 'static> Reconnecting<T> {
         drop(dropped);
     }
 
-    /// The open connection, or a new one from `open`. Only one attempt runs at a time; callers
-    /// that arrive meanwhile wait for it and share its result.
-    async fn get_or_open<F, Fut>(self: &Arc<Self>, open: F) -> Result<T, BackendError>
+    /// The open connection, or a new one from the opener `prepare` makes. Only one attempt runs
+    /// at a time; callers that arrive meanwhile wait for it and share its result. `prepare` runs
+    /// only when a connection must be opened: the opener owns what it needs (it runs on a task
+    /// of its own), and copying that for every call that finds the connection open would cost
+    /// each decision more than the lookup.
+    async fn get_or_open<P, F, Fut>(self: &Arc<Self>, prepare: P) -> Result<T, BackendError>
     where
+        P: FnOnce() -> F,
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, BackendError>> + Send + 'static,
     {
@@ -257,6 +261,7 @@ impl<T: Clone + Send + 'static> Reconnecting<T> {
             };
         };
         let this = Arc::clone(self);
+        let open = prepare();
         let attempt = tokio::spawn(async move {
             let _turn = turn;
             if let Some(conn) = this.current() {

@@ -21,7 +21,7 @@ use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
 use super::scripts::{Call, ScriptCommand, Scripts};
 use super::{Failure, FailureLog, Reconnecting, backend_error};
-use crate::backend::observe::{self, FailureKind};
+use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
 
 /// Shared connections kept checked out of the pool, unless the target says otherwise. One: every
@@ -50,6 +50,8 @@ pub struct RedisBackend {
     timeout: Duration,
     /// Since when every call has failed, for health (logging is `observe`'s).
     failures: FailureLog,
+    /// Its calls' latency histograms.
+    latency: CallLatency,
     /// Replicas that must acknowledge a decision's writes before it counts (0: none).
     wait_replicas: u32,
 }
@@ -124,6 +126,7 @@ impl RedisBackend {
             keys: KeySpace::new(key_prefix),
             timeout,
             failures: FailureLog::default(),
+            latency: CallLatency::new(NAME),
             wait_replicas,
         };
         match backend.load_scripts(connect_timeout).await {
@@ -171,7 +174,8 @@ impl RedisBackend {
         };
         let started = std::time::Instant::now();
         let outcome = tokio::time::timeout(within, load).await;
-        observe::call(NAME, "load_scripts", started.elapsed());
+        self.latency
+            .record(Operation::LoadScripts, started.elapsed());
         outcome.unwrap_or(Err(Checked::Failed(BackendError::Timeout(within))))
     }
 
@@ -195,12 +199,15 @@ impl RedisBackend {
         }
         let mut replies = match calls.len() {
             0 => Ok(Vec::new().into_iter()),
-            1 => self.run(&calls, true, "acquire").await.map(Vec::into_iter),
+            1 => self
+                .run(&calls, true, Operation::Acquire)
+                .await
+                .map(Vec::into_iter),
             // A request's limits all live on this one server: one call decides them all, each
             // as its own call would, for one round of Redis's per-command work.
             _ => {
                 let batch = self.scripts.batch(&calls);
-                self.run(std::slice::from_ref(&batch), true, "acquire")
+                self.run(std::slice::from_ref(&batch), true, Operation::Acquire)
                     .await
                     .and_then(|replies| match replies.into_iter().next() {
                         Some(reply) => batch.replies(reply),
@@ -265,11 +272,11 @@ impl RedisBackend {
         &self,
         calls: &[impl ScriptCommand + Sync],
         durable: bool,
-        operation: &'static str,
+        operation: Operation,
     ) -> Result<Vec<Value>, BackendError> {
         let started = std::time::Instant::now();
         let outcome = tokio::time::timeout(self.timeout, self.pipeline(calls, durable)).await;
-        observe::call(NAME, operation, started.elapsed());
+        self.latency.record(operation, started.elapsed());
         match outcome {
             Ok(Ok(replies)) => Ok(replies),
             Ok(Err(failure)) => Err(failure.report(NAME)),
@@ -403,25 +410,28 @@ impl RedisBackend {
     /// missing if not. Any failure to get a connection is a connection failure.
     async fn connection(&self) -> Result<(usize, MultiplexedConnection), Failure> {
         let index = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
-        let pool = self.pool.clone();
-        let (scripts, keys, user) = (self.scripts.clone(), self.keys.clone(), self.user.clone());
         let pooled = self.lanes[index]
             .connection
-            .get_or_open(move || async move {
-                match pool.get().await {
-                    Ok(pooled) => {
-                        let mut conn = MultiplexedConnection::clone(&pooled);
-                        if let Err(Checked::Refused(err)) =
-                            check_permissions(&mut conn, &scripts, &keys, &user).await
-                        {
-                            Failure::new(FailureKind::NoPerm, err).report(NAME);
+            .get_or_open(|| {
+                let pool = self.pool.clone();
+                let (scripts, keys, user) =
+                    (self.scripts.clone(), self.keys.clone(), self.user.clone());
+                move || async move {
+                    match pool.get().await {
+                        Ok(pooled) => {
+                            let mut conn = MultiplexedConnection::clone(&pooled);
+                            if let Err(Checked::Refused(err)) =
+                                check_permissions(&mut conn, &scripts, &keys, &user).await
+                            {
+                                Failure::new(FailureKind::NoPerm, err).report(NAME);
+                            }
+                            Ok(Arc::new(pooled))
                         }
-                        Ok(Arc::new(pooled))
+                        Err(deadpool::managed::PoolError::Backend(err)) => Err(backend_error(&err)),
+                        Err(other) => Err(BackendError::Unavailable(format!(
+                            "redis connection: {other}"
+                        ))),
                     }
-                    Err(deadpool::managed::PoolError::Backend(err)) => Err(backend_error(&err)),
-                    Err(other) => Err(BackendError::Unavailable(format!(
-                        "redis connection: {other}"
-                    ))),
                 }
             })
             .await
@@ -572,7 +582,7 @@ impl Backend for RedisBackend {
         }
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
         let results: Vec<Result<Value, BackendError>> = match self
-            .run(&calls, false, "release")
+            .run(&calls, false, Operation::Release)
             .await
         {
             Ok(replies) => replies
@@ -595,7 +605,7 @@ impl Backend for RedisBackend {
         };
         let started = std::time::Instant::now();
         let outcome = tokio::time::timeout(self.timeout, ping).await;
-        observe::call(NAME, "ping", started.elapsed());
+        self.latency.record(Operation::Ping, started.elapsed());
         // A ping that answers ends no failure burst: PING works while scripts fail (OOM,
         // NOPERM), and the bursts are about the calls that decide.
         match outcome {
