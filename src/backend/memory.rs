@@ -199,7 +199,7 @@ impl MemoryBackend {
             Algorithm::SlidingWindowCounter => 0,
             Algorithm::SlidingWindowLog => 1,
         };
-        state.write_u64(window_ms.min(MAX_WINDOW_MS) << 1 | algorithm_bit);
+        state.write_u64((window_ms.min(MAX_WINDOW_MS) << 1) | algorithm_bit);
         let hash = state.finish();
         // The check is the keyed hash of the same input with one more byte: SipHash is a keyed
         // pseudo-random function, so the two outputs are as independent as two hashes under two

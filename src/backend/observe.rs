@@ -209,17 +209,21 @@ impl CallLatency {
 
     /// Records one call of `operation` that took `elapsed`.
     pub fn record(&self, operation: Operation, elapsed: Duration) {
-        self.histograms[operation as usize]
-            .get_or_init(|| {
-                observer()
-                    .latency
-                    .get_or_create(&CallLabels {
-                        backend: self.backend,
-                        operation: operation.as_str(),
-                    })
-                    .clone()
-            })
-            .observe(elapsed.as_secs_f64());
+        let lookup = || {
+            observer()
+                .latency
+                .get_or_create(&CallLabels {
+                    backend: self.backend,
+                    operation: operation.as_str(),
+                })
+                .clone()
+        };
+        let seconds = elapsed.as_secs_f64();
+        match self.histograms.get(operation as usize) {
+            Some(slot) => slot.get_or_init(lookup).observe(seconds),
+            // An operation without a slot of its own is still recorded, by a lookup.
+            None => lookup().observe(seconds),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The protobuf codec of every gRPC service and client generated here: tonic's prost codec with
-//! buffers sized for rate-limit messages.
+//! buffers sized for rate-limit messages, and an encoder that writes small messages on the stack
+//! first.
 
 #![warn(missing_docs, clippy::all)]
 
@@ -24,7 +25,8 @@ const YIELD_THRESHOLD: usize = 32 * 1024;
 /// The largest message encoded on the stack first (an answer with several statuses fits).
 const STACK_ENCODE_BYTES: usize = 512;
 
-/// [`ProstCodec`] with [`BUFFER_BYTES`] buffers; the generated stubs create one per call.
+/// [`ProstCodec`]'s decoder and [`StackEncoder`], with [`BUFFER_BYTES`] buffers; the generated
+/// stubs create one per call.
 #[derive(Debug, Clone)]
 pub struct Protobuf<T, U>(PhantomData<(T, U)>);
 
