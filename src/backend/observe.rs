@@ -7,6 +7,7 @@
 //! store) lands in the same series, told apart by the `backend` label.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -92,7 +93,8 @@ struct Observer {
     errors: Family<ErrorLabels, Counter>,
     shard_hits: Family<ShardLabels, Counter>,
     /// The two series of `shard_hits` (one shard touched, two), once created.
-    shard_hit_counters: [OnceLock<Counter>; 2],
+    one_shard: OnceLock<Counter>,
+    two_shards: OnceLock<Counter>,
     log: Mutex<HashMap<(&'static str, FailureKind), Burst>>,
     /// Set while some failure is going on; lets every success skip the lock.
     failing: AtomicBool,
@@ -115,7 +117,8 @@ fn observer() -> &'static Observer {
         }),
         errors: Family::default(),
         shard_hits: Family::default(),
-        shard_hit_counters: Default::default(),
+        one_shard: OnceLock::new(),
+        two_shards: OnceLock::new(),
         log: Mutex::new(HashMap::new()),
         failing: AtomicBool::new(false),
     })
@@ -144,24 +147,27 @@ pub fn register(registry: &mut Registry) {
     );
 }
 
+/// The series of `labels` in `family`, taken from the family the first time and kept in `slot`:
+/// a family lookup hashes the labels under the family's lock, which every decision would pay
+/// for. The series still appears when it is first used, as with a lookup per use.
+fn series<'a, L, M>(slot: &'a OnceLock<M>, family: &Family<L, M>, labels: L) -> &'a M
+where
+    L: Clone + Hash + Eq,
+    M: Clone,
+{
+    slot.get_or_init(|| family.get_or_create_owned(&labels))
+}
+
 /// Records `hits` hits on sharded limits, of which `retried` touched a second shard.
 pub fn shard_hits(hits: usize, retried: usize) {
     let observer = observer();
-    // Each series is taken from its family once (see [`CallLatency`]).
-    let add = |index: usize, shards_touched, n: usize| {
+    let add = |slot, shards_touched, n: usize| {
         if n > 0 {
-            observer.shard_hit_counters[index]
-                .get_or_init(|| {
-                    observer
-                        .shard_hits
-                        .get_or_create(&ShardLabels { shards_touched })
-                        .clone()
-                })
-                .inc_by(n as u64);
+            series(slot, &observer.shard_hits, ShardLabels { shards_touched }).inc_by(n as u64);
         }
     };
-    add(0, "1", hits.saturating_sub(retried));
-    add(1, "2", retried);
+    add(&observer.one_shard, "1", hits.saturating_sub(retried));
+    add(&observer.two_shards, "2", retried);
 }
 
 /// A backend call, as the latency histogram's `operation` label names it.
@@ -189,13 +195,15 @@ impl Operation {
     }
 }
 
-/// The latency histograms of one backend's calls, each taken from its family once: a family
-/// lookup hashes the labels under the family's lock, and every decision would pay for it. A
-/// series appears the first time its operation is recorded, as with a lookup per call.
+/// The latency histograms of one backend's calls, one per operation, each taken from its family
+/// on first use (see [`series`]).
 #[derive(Debug)]
 pub struct CallLatency {
     backend: &'static str,
-    histograms: [OnceLock<Histogram>; 4],
+    acquire: OnceLock<Histogram>,
+    release: OnceLock<Histogram>,
+    ping: OnceLock<Histogram>,
+    load_scripts: OnceLock<Histogram>,
 }
 
 impl CallLatency {
@@ -203,27 +211,26 @@ impl CallLatency {
     pub fn new(backend: &'static str) -> Self {
         CallLatency {
             backend,
-            histograms: Default::default(),
+            acquire: OnceLock::new(),
+            release: OnceLock::new(),
+            ping: OnceLock::new(),
+            load_scripts: OnceLock::new(),
         }
     }
 
     /// Records one call of `operation` that took `elapsed`.
     pub fn record(&self, operation: Operation, elapsed: Duration) {
-        let lookup = || {
-            observer()
-                .latency
-                .get_or_create(&CallLabels {
-                    backend: self.backend,
-                    operation: operation.as_str(),
-                })
-                .clone()
+        let slot = match operation {
+            Operation::Acquire => &self.acquire,
+            Operation::Release => &self.release,
+            Operation::Ping => &self.ping,
+            Operation::LoadScripts => &self.load_scripts,
         };
-        let seconds = elapsed.as_secs_f64();
-        match self.histograms.get(operation as usize) {
-            Some(slot) => slot.get_or_init(lookup).observe(seconds),
-            // An operation without a slot of its own is still recorded, by a lookup.
-            None => lookup().observe(seconds),
-        }
+        let labels = CallLabels {
+            backend: self.backend,
+            operation: operation.as_str(),
+        };
+        series(slot, &observer().latency, labels).observe(elapsed.as_secs_f64());
     }
 }
 

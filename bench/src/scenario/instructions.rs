@@ -205,13 +205,14 @@ impl Scenario for Instructions {
                 ];
                 // Where tollgate decides on Redis, Redis counts its script calls: the proof that
                 // every counted call was a decision.
-                let redis = match server.tollgate() {
+                let start = server.tollgate();
+                let redis = match &start {
                     Some(start) if start.backend != Backend::Memory => {
                         Some(servers.nodes(start.backend)?)
                     }
                     _ => None,
                 };
-                let process: Box<dyn MeasuredServer> = match server.tollgate() {
+                let process: Box<dyn MeasuredServer> = match start {
                     None => Box::new(EmptyProcess::start_under(&under)?),
                     Some(start) => {
                         // Under callgrind a call takes far longer than the default 50ms backend
