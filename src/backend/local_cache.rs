@@ -37,7 +37,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use hashbrown::HashTable;
@@ -260,6 +260,12 @@ pub struct LocalCache<B> {
     stripe_budget: usize,
     stripes: Box<[Mutex<Stripe>]>,
     hasher: RandomState,
+    /// Entries held over all stripes, moved under the stripe's lock with every change. While it
+    /// reads 0 there is nothing to look up, and hits go straight to the backend.
+    held: AtomicUsize,
+    /// Bumped with every stripe's release counter: what a refusal decided while the cache held
+    /// nothing is checked against, since no stripe was read before its call.
+    releases: AtomicU64,
     /// Hits answered here, by this instance (for tests and benchmarks).
     answered: AtomicU64,
 }
@@ -294,6 +300,8 @@ impl<B> LocalCache<B> {
                 })
                 .collect(),
             hasher: RandomState::new(),
+            held: AtomicUsize::new(0),
+            releases: AtomicU64::new(0),
             answered: AtomicU64::new(0),
         }
     }
@@ -371,8 +379,8 @@ impl<B> LocalCache<B> {
     }
 
     /// Stores the backend's refusal of `hit`, decided no earlier than `before_ms`, unless a
-    /// release of its stripe happened since `releases` was read.
-    fn store(&self, hit: &Hit, verdict: &Verdict, before_ms: u64, releases: u64) {
+    /// release that could have lowered its window's usage happened since `since` was read.
+    fn store(&self, hit: &Hit, verdict: &Verdict, before_ms: u64, since: Releases) {
         let Cost::Consume(units) = window::normalize_cost(hit.cost) else {
             return;
         };
@@ -391,7 +399,11 @@ impl<B> LocalCache<B> {
         let m = metrics();
         let hash = self.hash(&hit.key);
         let mut stripe = self.stripe(hash);
-        if stripe.releases != releases {
+        let released = match since {
+            Releases::Stripe(read) => stripe.releases != read,
+            Releases::Cache(read) => self.releases.load(Ordering::Relaxed) != read,
+        };
+        if released {
             return;
         }
         if let Some(held) = stripe.find_mut(hash, &hit.key) {
@@ -436,11 +448,24 @@ impl<B> LocalCache<B> {
                 });
             m.stored.inc();
         }
-        let (bytes_after, len_after) = (stripe.bytes(), stripe.entries.len());
+        self.account(&stripe, bytes_before, len_before);
         drop(stripe);
         m.evictions.inc_by(evicted as u64);
-        m.bytes.inc_by(bytes_after as i64 - bytes_before as i64);
-        m.entries.inc_by(len_after as i64 - len_before as i64);
+    }
+
+    /// Moves the entry count and the process-wide gauges by what `stripe` changed since it held
+    /// `bytes` in `len` entries. Called with the stripe still locked, so `held` never reads 0
+    /// while an entry is in place.
+    fn account(&self, stripe: &Stripe, bytes: usize, len: usize) {
+        let m = metrics();
+        let now = stripe.entries.len();
+        if now > len {
+            self.held.fetch_add(now - len, Ordering::Relaxed);
+        } else if now < len {
+            self.held.fetch_sub(len - now, Ordering::Relaxed);
+        }
+        m.bytes.inc_by(stripe.bytes() as i64 - bytes as i64);
+        m.entries.inc_by(now as i64 - len as i64);
     }
 }
 
@@ -452,19 +477,22 @@ fn key_hash(hasher: &RandomState, key: &str) -> u64 {
     state.finish()
 }
 
-/// Moves the process-wide gauges by what `stripe` changed since it held `bytes` in `len` entries.
-fn account(stripe: &Stripe, bytes: usize, len: usize) {
-    let m = metrics();
-    m.bytes.inc_by(stripe.bytes() as i64 - bytes as i64);
-    m.entries.inc_by(stripe.entries.len() as i64 - len as i64);
-}
-
 /// What the cache knows of one hit before the backend is asked.
 enum Looked {
     /// A live refusal, answered here.
     Cached(Outcome),
     /// Asked of the backend; `releases` is its stripe's release counter before the call.
     Ask { releases: u64 },
+}
+
+/// A release counter read before a backend call, for [`LocalCache::store`] to tell whether a
+/// release came between the reading and the backend's answer.
+#[derive(Clone, Copy)]
+enum Releases {
+    /// The hit's stripe's counter, read when the hit was looked up.
+    Stripe(u64),
+    /// The cache-wide counter, read when the cache held nothing and no stripe was looked at.
+    Cache(u64),
 }
 
 fn lock(stripe: &Mutex<Stripe>) -> MutexGuard<'_, Stripe> {
@@ -483,6 +511,20 @@ impl<B: Backend> Backend for LocalCache<B> {
         // The backend decides at or after this reading, so a refusal it answers holds at least
         // from here: stored from an earlier instant, an entry can only end sooner than it must.
         let now_ms = self.clock.now_ms();
+        if self.held.load(Ordering::Relaxed) == 0 {
+            // Nothing to answer from: a hit stored meanwhile by another call only means this one
+            // asks the backend, which is never wrong.
+            let releases = Releases::Cache(self.releases.load(Ordering::Relaxed));
+            let answers = self.inner.acquire(hits).await;
+            for (hit, result) in hits.iter().zip(&answers) {
+                if let Ok(outcome) = result
+                    && !outcome.verdict.admitted
+                {
+                    self.store(hit, &outcome.verdict, now_ms, releases);
+                }
+            }
+            return answers;
+        }
         let looked: Vec<Looked> = hits.iter().map(|hit| self.lookup(hit, now_ms)).collect();
         let local = looked
             .iter()
@@ -516,7 +558,7 @@ impl<B: Backend> Backend for LocalCache<B> {
             if let Ok(outcome) = result
                 && !outcome.verdict.admitted
             {
-                self.store(hit, &outcome.verdict, now_ms, releases);
+                self.store(hit, &outcome.verdict, now_ms, Releases::Stripe(releases));
             }
         }
         if local == 0 {
@@ -559,7 +601,7 @@ impl<B: Backend> Backend for LocalCache<B> {
             let mut stripe = lock(stripe);
             let (bytes, len) = (stripe.bytes(), stripe.entries.len());
             stripe.sweep(now_ms);
-            account(&stripe, bytes, len);
+            self.account(&stripe, bytes, len);
         }
         self.inner.maintain().await
     }
@@ -579,9 +621,10 @@ impl<B> LocalCache<B> {
             let hash = self.hash(&receipt.key);
             let mut stripe = self.stripe(hash);
             stripe.releases = stripe.releases.wrapping_add(1);
+            self.releases.fetch_add(1, Ordering::Relaxed);
             let (bytes, len) = (stripe.bytes(), stripe.entries.len());
             if stripe.remove(hash, &receipt.key) {
-                account(&stripe, bytes, len);
+                self.account(&stripe, bytes, len);
             }
         }
     }
@@ -757,6 +800,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refusal_decided_across_a_release_is_not_stored() {
+        for algorithm in BOTH {
+            let (cache, clock) = cached_at(100 * W, DEFAULT_BYTES);
+            let h = hit("k", algorithm, 1, 1);
+            let admitted = one(&cache, &h).await;
+            let receipt = admitted.receipt.expect("an admitted charge has a receipt");
+            // Both counters a call can read before asking the backend: the cache-wide one while
+            // the cache holds nothing, the stripe's once it has looked the hit up.
+            let read_cache = Releases::Cache(cache.releases.load(Ordering::Relaxed));
+            let Looked::Ask { releases } = cache.lookup(&h, clock.now_ms()) else {
+                panic!("nothing is cached yet");
+            };
+            let read_stripe = Releases::Stripe(releases);
+            let refused = one(cache.inner(), &h).await.verdict;
+            assert!(!refused.admitted);
+            cache.forget(std::slice::from_ref(&receipt));
+            for since in [read_cache, read_stripe] {
+                cache.store(&h, &refused, clock.now_ms(), since);
+                assert_eq!(cache.held(), (0, 0), "{algorithm}");
+            }
+            // Read after the release, the same refusal is stored.
+            let read_after = Releases::Cache(cache.releases.load(Ordering::Relaxed));
+            cache.store(&h, &refused, clock.now_ms(), read_after);
+            assert_eq!(cache.held().0, 1, "{algorithm}");
+            assert_eq!(cache.held.load(Ordering::Relaxed), 1);
+        }
+    }
+
+    #[tokio::test]
     async fn a_budget_of_zero_turns_the_cache_off() {
         let (cache, _clock) = cached_at(100 * W, 0);
         let h = hit("k", Algorithm::SlidingWindowCounter, 1, 1);
@@ -804,6 +876,11 @@ mod tests {
         }
         let old = cache.held().0;
         assert!(old > 16, "{old}");
+        assert_eq!(
+            cache.held.load(Ordering::Relaxed),
+            old,
+            "the count follows evictions"
+        );
         clock.advance(W);
         // All of them have expired; new entries (a few, so no stripe gets more than it held)
         // take their room without evicting each other.
@@ -824,5 +901,12 @@ mod tests {
             .await;
         }
         assert_eq!(cache.inner().asked(), asked, "every new entry is held");
+        cache.maintain().await;
+        assert_eq!(cache.held().0, new);
+        assert_eq!(
+            cache.held.load(Ordering::Relaxed),
+            new,
+            "the count follows sweeps"
+        );
     }
 }
