@@ -255,7 +255,39 @@ async fn sharded_hits_count_the_shards_they_touch(t: &Target) {
     assert!(touched("2") >= refused as f64, "{text}");
 }
 
+// A limit of the config keeps the series it counts into. A second registry counting the same
+// decisions, and a reloaded config (new limits, the same keys), still count every hit where the
+// reference does: the series go on from where they were.
+async fn counts_go_on_across_registries_and_reloads(t: &Target) {
+    let limiter = t.limiter(config(), Settings::default()).await;
+    let (first, second) = (Metrics::new(), Metrics::new());
+    let request = one(&[("key2", "x")]);
+    for round in 0..2 {
+        if round == 1 {
+            limiter.set_config(config());
+        }
+        for _ in 0..3 {
+            let decision = limiter
+                .should_rate_limit(&request)
+                .await
+                .expect("a decision");
+            first.observe_decision(DOMAIN, &decision);
+            second.observe_decision(DOMAIN, &decision);
+        }
+    }
+    let labels = [("domain", "another"), ("key1", "key2")];
+    for metrics in [&first, &second] {
+        let text = metrics.render();
+        assert_eq!(
+            per_limit(&text, &labels),
+            [Some(6.0), None, None, Some(6.0), None],
+            "{text}"
+        );
+    }
+}
+
 tollgate_testkit::cases! {
+    counts_go_on_across_registries_and_reloads: [memory];
     sharded_hits_count_the_shards_they_touch: [memory];
     per_limit_counts_follow_known_traffic: exact;
     shadow_limits_count_their_overs: exact;

@@ -34,10 +34,11 @@ mod schema;
 pub mod xds;
 pub(crate) mod yaml;
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::descriptor::Unit;
 use crate::window::{Algorithm, Counting};
@@ -130,6 +131,44 @@ pub struct Limit {
     pub value_to_metric: bool,
     /// Names from `rate_limit.replaces`.
     pub replaces: Vec<String>,
+    /// What the statistics keep for this limit, made at its first decision.
+    pub attached: Attached,
+}
+
+/// Something another layer keeps for one limit (the statistics keep the series the limit counts
+/// into), made at the limit's first use and dropped with it, so that a decision finds it without
+/// a lookup by key. The config neither reads nor compares it: a copy of a limit starts with
+/// nothing attached, and two limits equal in every field are equal whatever is attached.
+#[derive(Default)]
+pub struct Attached(OnceLock<Box<dyn Any + Send + Sync>>);
+
+impl Attached {
+    /// What is attached, if it is a `T`; when nothing is attached yet, `make`'s value first.
+    pub fn get_or_attach<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.0.get_or_init(|| Box::new(make())).downcast_ref()
+    }
+}
+
+impl Clone for Attached {
+    fn clone(&self) -> Self {
+        Attached::default()
+    }
+}
+
+impl PartialEq for Attached {
+    fn eq(&self, _: &Attached) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Attached(..)"
+        } else {
+            "Attached(-)"
+        })
+    }
 }
 
 /// A JSON-like value from a descriptor node's `metadata`, returned to Envoy as dynamic metadata.

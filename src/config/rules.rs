@@ -16,7 +16,7 @@ use super::LookupMap;
 use super::diagnostics::{Finding, Location};
 use super::domain::{Domain, Level, Pattern, TreeNode};
 use super::schema::{DescriptorNode, Given, Policy, RateLimitNode, ReplaceNode};
-use super::{Config, FailureMode, Limit, LoadOptions, MetaValue};
+use super::{Attached, Config, FailureMode, Limit, LoadOptions, MetaValue};
 use crate::descriptor::Unit;
 use crate::window::{Algorithm, Counting};
 
@@ -537,6 +537,7 @@ impl<'p, L: Location> Checker<'p, L> {
             detailed_metric: node.detailed_metric,
             value_to_metric: node.value_to_metric,
             replaces,
+            attached: Attached::default(),
         })
     }
 

@@ -793,6 +793,7 @@ fn override_limit(domain: &str, descriptor: &Descriptor) -> Option<Arc<Limit>> {
         detailed_metric: false,
         value_to_metric: false,
         replaces: Vec::new(),
+        attached: Default::default(),
     }))
 }
 

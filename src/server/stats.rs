@@ -127,6 +127,17 @@ struct KeySeries {
     slots: [OnceLock<Option<Handle>>; 6],
 }
 
+/// The series a limit of the config counts into, attached to the limit at its first decision
+/// so that later ones skip hashing its key. `stats` names the [`ReferenceStats`] that attached
+/// it: another one (tests run several in one process) looks the key up as before.
+struct LimitSeries {
+    stats: u64,
+    series: Arc<KeySeries>,
+}
+
+/// Tells apart the [`ReferenceStats`] of one process, for [`LimitSeries`].
+static NEXT_STATS_ID: AtomicU64 = AtomicU64::new(0);
+
 /// What one report adds to each per-limit statistic.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Increments {
@@ -220,6 +231,8 @@ pub struct ReferenceStats {
     /// The series of `ShouldRateLimit` calls (`total_requests`, `response_time` and its scale),
     /// made on first use.
     grpc: OnceLock<GrpcSeries>,
+    /// This instance's name in the [`LimitSeries`] it attaches.
+    id: u64,
 }
 
 #[derive(Debug)]
@@ -249,6 +262,7 @@ impl ReferenceStats {
             overflow_logged: AtomicBool::new(false),
             fixed: RwLock::new(HashMap::new()),
             grpc: OnceLock::new(),
+            id: NEXT_STATS_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -280,6 +294,17 @@ impl ReferenceStats {
             inc.shadow_mode,
             local_cache,
         ];
+        // A limit of the config counts under its own key: its series is kept on the limit.
+        if report.request_key.is_none()
+            && let Some(attached) = report.limit.attached.get_or_attach(|| LimitSeries {
+                stats: self.id,
+                series: self.key_series(domain, report),
+            })
+            && attached.stats == self.id
+        {
+            self.add(&attached.series, values);
+            return;
+        }
         // Known keys are counted under the read lock, without taking a share of their series.
         if let Some(series) = read(&self.keys).get(report.stat_key()) {
             self.add(series, values);
