@@ -123,13 +123,13 @@ mod off {
         pub fn finish(self, _: Result<&'static str, &str>) {}
     }
 
-    /// Runs `call` as is.
+    /// Makes the call and runs it as is.
     pub fn backend_call<T, F: Future<Output = T>>(
         _: &'static str,
         _: usize,
-        call: F,
+        call: impl FnOnce() -> F,
         _: impl FnOnce(&T) -> CallOutcome,
     ) -> F {
-        call
+        call()
     }
 }

@@ -320,7 +320,7 @@ impl<B: Backend> Limiter<B> {
             telemetry::backend_call(
                 "acquire",
                 hits.len(),
-                self.backend.acquire(&hits),
+                || self.backend.acquire(&hits),
                 acquire_outcome,
             )
             .await
@@ -582,7 +582,7 @@ impl<B: Backend> Limiter<B> {
                 let released = telemetry::backend_call(
                     "release",
                     given_back.len(),
-                    self.backend.release(&given_back),
+                    || self.backend.release(&given_back),
                     |result| match result {
                         Ok(()) => CallOutcome::Ok,
                         Err(_) => CallOutcome::Error,

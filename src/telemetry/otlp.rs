@@ -195,14 +195,14 @@ impl RequestSpan {
     }
 }
 
-/// Runs one backend `call` of `operation` on `hits` hits as a child span of the current request
-/// span, recording the backend and the call's outcome; runs it as is while tracing is off or
-/// outside a request span. Whether to trace is decided when the call is made, in the context of
-/// the request that makes it.
+/// Runs the backend call `call` makes, of `operation` on `hits` hits, as a child span of the
+/// current request span, recording the backend and the call's outcome; runs it as is while
+/// tracing is off or outside a request span. Whether to trace is decided when the call is made,
+/// in the context of the request that makes it.
 pub fn backend_call<T, F: Future<Output = T>>(
     operation: &'static str,
     hits: usize,
-    call: F,
+    call: impl FnOnce() -> F,
     outcome: impl FnOnce(&T) -> CallOutcome,
 ) -> impl Future<Output = T> {
     let span = STATE.get().and_then(|state| {
@@ -225,10 +225,11 @@ pub fn backend_call<T, F: Future<Output = T>>(
     });
     // Not an `async fn`: one awaiting the future it is handed holds it twice in its state (as
     // the argument and as the future awaited), and every decision's future would carry the
-    // backend's call twice over.
+    // backend's call twice over. The call is made here, not handed in made, so that its future
+    // (a kilobyte on the memory backend) is built where it is returned, not copied there.
     match span {
-        None => Either::Left(call),
-        Some(mut span) => Either::Right(call.inspect(move |result| {
+        None => Either::Left(call()),
+        Some(mut span) => Either::Right(call().inspect(move |result| {
             let outcome = outcome(result);
             span.set_attribute(KeyValue::new("outcome", outcome.as_str()));
             if outcome == CallOutcome::Error {
