@@ -114,9 +114,9 @@ mod off {
     }
 
     impl RequestSpan {
-        /// Runs `work` as is.
-        pub fn run<F: Future>(&self, work: F) -> F {
-            work
+        /// Runs the future `work` makes as is.
+        pub fn run<F: Future>(&self, work: impl FnOnce() -> F) -> F {
+            work()
         }
 
         /// Nothing to end.

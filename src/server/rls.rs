@@ -179,7 +179,7 @@ impl<B: Backend> App<B> {
         started: Instant,
     ) -> (Result<RateLimitResponse, GrpcStatus>, Duration) {
         let span = telemetry::request_span(headers, &request.domain, request.descriptors.len());
-        let (result, elapsed) = span.run(self.decide_untraced(request, started)).await;
+        let (result, elapsed) = span.run(|| self.decide_untraced(request, started)).await;
         span.finish(match &result {
             Ok(response) => Ok(overall_code_name(response.overall_code)),
             Err(status) => Err(status.message()),

@@ -173,11 +173,12 @@ pub fn request_span(headers: &dyn Headers, domain: &str, descriptors: usize) -> 
 }
 
 impl RequestSpan {
-    /// Runs `work` inside this span, so backend calls become its children.
-    pub fn run<F: Future>(&self, work: F) -> Either<WithContext<F>, F> {
+    /// Runs the future `work` makes inside this span, so backend calls become its children.
+    /// Made here rather than handed in, so that the future is built where it is returned.
+    pub fn run<F: Future>(&self, work: impl FnOnce() -> F) -> Either<WithContext<F>, F> {
         match &self.0 {
-            Some(cx) => Either::Left(work.with_context(cx.clone())),
-            None => Either::Right(work),
+            Some(cx) => Either::Left(work().with_context(cx.clone())),
+            None => Either::Right(work()),
         }
     }
 
