@@ -963,9 +963,20 @@ fn push_decimal(out: &mut String, mut n: u64) {
 }
 
 /// Appends `text` with the separators, `%`, braces and control characters percent-encoded.
+/// Inlined: a key is three or more short texts, and most need no escaping at all, which costs
+/// less than calling a function to find out.
+#[inline]
 fn escape_into(out: &mut String, text: &str) {
-    // Most text needs no escaping: copy the clean prefix at once, then go char by char.
-    let clean = text.bytes().position(may_need_escape).unwrap_or(text.len());
+    match text.bytes().position(may_need_escape) {
+        None => out.push_str(text),
+        Some(clean) => escape_from(out, text, clean),
+    }
+}
+
+/// [`escape_into`] of a `text` whose first `clean` bytes need no escaping.
+#[inline(never)]
+fn escape_from(out: &mut String, text: &str, clean: usize) {
+    // Copy the clean prefix at once, then go char by char.
     // `clean` is at a char boundary: every byte it can stop at is ASCII or a UTF-8 lead byte.
     let (plain, rest) = text.split_at(clean);
     out.push_str(plain);
