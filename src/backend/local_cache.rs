@@ -34,6 +34,10 @@
 //! Memory is bounded: the entries' table and keys never exceed the byte budget. When full,
 //! expired entries go first, then the eighth that expires soonest; losing an entry only loses
 //! the saving, never correctness.
+//!
+//! While it holds no entry at all (nothing refused lately, the usual state), the cache is not
+//! searched: hits go straight to the backend after one atomic read, and only its refusals are
+//! looked at.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -453,6 +457,23 @@ impl<B> LocalCache<B> {
         m.evictions.inc_by(evicted as u64);
     }
 
+    /// Stores the refusals among `answers`, each the answer to the hit `asked` gives in the same
+    /// place, with the release counter read before the call.
+    fn store_refusals<'h>(
+        &self,
+        asked: impl Iterator<Item = (&'h Hit, Releases)>,
+        answers: &[Result<Outcome, BackendError>],
+        before_ms: u64,
+    ) {
+        for ((hit, since), result) in asked.zip(answers) {
+            if let Ok(outcome) = result
+                && !outcome.verdict.admitted
+            {
+                self.store(hit, &outcome.verdict, before_ms, since);
+            }
+        }
+    }
+
     /// Moves the entry count and the process-wide gauges by what `stripe` changed since it held
     /// `bytes` in `len` entries. Called with the stripe still locked, so `held` never reads 0
     /// while an entry is in place.
@@ -516,13 +537,7 @@ impl<B: Backend> Backend for LocalCache<B> {
             // asks the backend, which is never wrong.
             let releases = Releases::Cache(self.releases.load(Ordering::Relaxed));
             let answers = self.inner.acquire(hits).await;
-            for (hit, result) in hits.iter().zip(&answers) {
-                if let Ok(outcome) = result
-                    && !outcome.verdict.admitted
-                {
-                    self.store(hit, &outcome.verdict, now_ms, releases);
-                }
-            }
+            self.store_refusals(hits.iter().map(|hit| (hit, releases)), &answers, now_ms);
             return answers;
         }
         let looked: Vec<Looked> = hits.iter().map(|hit| self.lookup(hit, now_ms)).collect();
@@ -551,16 +566,10 @@ impl<B: Backend> Backend for LocalCache<B> {
             .iter()
             .zip(&looked)
             .filter_map(|(hit, looked)| match looked {
-                Looked::Ask { releases } => Some((hit, *releases)),
+                Looked::Ask { releases } => Some((hit, Releases::Stripe(*releases))),
                 Looked::Cached(_) => None,
             });
-        for ((hit, releases), result) in asked.zip(&answers) {
-            if let Ok(outcome) = result
-                && !outcome.verdict.admitted
-            {
-                self.store(hit, &outcome.verdict, now_ms, Releases::Stripe(releases));
-            }
-        }
+        self.store_refusals(asked, &answers, now_ms);
         if local == 0 {
             return answers;
         }
