@@ -108,9 +108,6 @@ struct Stripe {
     key_bytes: usize,
     /// The most entries the table holds (0 until it is allocated).
     max_entries: usize,
-    /// Bumped by every release of a window of this stripe, before and after the refund reaches
-    /// the backend: a refusal decided while a refund was under way is not cached.
-    releases: u64,
 }
 
 impl Stripe {
@@ -267,9 +264,11 @@ pub struct LocalCache<B> {
     /// Entries held over all stripes, moved under the stripe's lock with every change. While it
     /// reads 0 there is nothing to look up, and hits go straight to the backend.
     held: AtomicUsize,
-    /// Bumped with every stripe's release counter: what a refusal decided while the cache held
-    /// nothing is checked against, since no stripe was read before its call.
-    releases: AtomicU64,
+    /// Per stripe, bumped (under the stripe's lock) by every release of one of its windows,
+    /// before and after the refund reaches the backend: a refusal decided while a refund of its
+    /// stripe was under way is not cached. Read without the lock before a backend call, all at
+    /// once, so that no hit needs hashing to find its stripe first.
+    releases: [AtomicU64; STRIPES],
     /// Hits answered here, by this instance (for tests and benchmarks).
     answered: AtomicU64,
 }
@@ -299,13 +298,12 @@ impl<B> LocalCache<B> {
                         entries: HashTable::new(),
                         key_bytes: 0,
                         max_entries: 0,
-                        releases: 0,
                     })
                 })
                 .collect(),
             hasher: RandomState::new(),
             held: AtomicUsize::new(0),
-            releases: AtomicU64::new(0),
+            releases: std::array::from_fn(|_| AtomicU64::new(0)),
             answered: AtomicU64::new(0),
         }
     }
@@ -338,30 +336,39 @@ impl<B> LocalCache<B> {
         key_hash(&self.hasher, key)
     }
 
-    fn stripe(&self, hash: u64) -> MutexGuard<'_, Stripe> {
+    /// The stripe a key of `hash` belongs to.
+    fn stripe_index(hash: u64) -> usize {
         // The remainder is below STRIPES, so the narrowing cannot lose anything.
-        lock(&self.stripes[((hash >> STRIPE_HASH_SHIFT) % STRIPES as u64) as usize])
+        ((hash >> STRIPE_HASH_SHIFT) % STRIPES as u64) as usize
     }
 
-    /// The cached refusal of `hit` at `now_ms`, or else what the release counter of its stripe
-    /// reads, for [`LocalCache::store`] to tell whether a release came between this reading and
-    /// the backend's answer. One lock of the stripe for both.
+    fn stripe(&self, hash: u64) -> MutexGuard<'_, Stripe> {
+        lock(&self.stripes[Self::stripe_index(hash)])
+    }
+
+    /// Every stripe's release counter, read before a backend call, for [`LocalCache::store`] to
+    /// tell whether a release of the refused window's stripe came before the answer. A counter
+    /// read stale only makes the store see a change and skip: never the other way.
+    fn releases(&self) -> Releases {
+        Releases(std::array::from_fn(|index| {
+            self.releases[index].load(Ordering::Relaxed)
+        }))
+    }
+
+    /// The cached refusal of `hit` at `now_ms`, if there is one.
     fn lookup(&self, hit: &Hit, now_ms: u64) -> Looked {
         let Cost::Consume(units) = window::normalize_cost(hit.cost) else {
             // Checks consume nothing and are refused only above the limit: always asked, and
             // never stored.
-            return Looked::Ask { releases: 0 };
+            return Looked::Ask;
         };
         let hash = self.hash(&hit.key);
         let stripe = self.stripe(hash);
-        let ask = Looked::Ask {
-            releases: stripe.releases,
-        };
         let Some(entry) = stripe.find(hash, &hit.key) else {
-            return ask;
+            return Looked::Ask;
         };
         if !entry.answers(hit, units, now_ms) {
-            return ask;
+            return Looked::Ask;
         }
         // A cost above the limit never fits: the backend answers it with the full window
         // whenever it is asked, so the cache does too rather than counting down to its entry's
@@ -383,8 +390,8 @@ impl<B> LocalCache<B> {
     }
 
     /// Stores the backend's refusal of `hit`, decided no earlier than `before_ms`, unless a
-    /// release that could have lowered its window's usage happened since `since` was read.
-    fn store(&self, hit: &Hit, verdict: &Verdict, before_ms: u64, since: Releases) {
+    /// release of its stripe happened since `since` was read.
+    fn store(&self, hit: &Hit, verdict: &Verdict, before_ms: u64, since: &Releases) {
         let Cost::Consume(units) = window::normalize_cost(hit.cost) else {
             return;
         };
@@ -402,12 +409,10 @@ impl<B> LocalCache<B> {
         };
         let m = metrics();
         let hash = self.hash(&hit.key);
+        let index = Self::stripe_index(hash);
         let mut stripe = self.stripe(hash);
-        let released = match since {
-            Releases::Stripe(read) => stripe.releases != read,
-            Releases::Cache(read) => self.releases.load(Ordering::Relaxed) != read,
-        };
-        if released {
+        // Under the stripe's lock, which every bump of its counter holds too.
+        if self.releases[index].load(Ordering::Relaxed) != since.0[index] {
             return;
         }
         if let Some(held) = stripe.find_mut(hash, &hit.key) {
@@ -458,14 +463,15 @@ impl<B> LocalCache<B> {
     }
 
     /// Stores the refusals among `answers`, each the answer to the hit `asked` gives in the same
-    /// place, with the release counter read before the call.
+    /// place, with the release counters read before the call.
     fn store_refusals<'h>(
         &self,
-        asked: impl Iterator<Item = (&'h Hit, Releases)>,
+        asked: impl Iterator<Item = &'h Hit>,
         answers: &[Result<Outcome, BackendError>],
         before_ms: u64,
+        since: &Releases,
     ) {
-        for ((hit, since), result) in asked.zip(answers) {
+        for (hit, result) in asked.zip(answers) {
             if let Ok(outcome) = result
                 && !outcome.verdict.admitted
             {
@@ -502,19 +508,12 @@ fn key_hash(hasher: &RandomState, key: &str) -> u64 {
 enum Looked {
     /// A live refusal, answered here.
     Cached(Outcome),
-    /// Asked of the backend; `releases` is its stripe's release counter before the call.
-    Ask { releases: u64 },
+    /// Asked of the backend.
+    Ask,
 }
 
-/// A release counter read before a backend call, for [`LocalCache::store`] to tell whether a
-/// release came between the reading and the backend's answer.
-#[derive(Clone, Copy)]
-enum Releases {
-    /// The hit's stripe's counter, read when the hit was looked up.
-    Stripe(u64),
-    /// The cache-wide counter, read when the cache held nothing and no stripe was looked at.
-    Cache(u64),
-}
+/// Every stripe's release counter as read before a backend call.
+struct Releases([u64; STRIPES]);
 
 fn lock(stripe: &Mutex<Stripe>) -> MutexGuard<'_, Stripe> {
     stripe
@@ -532,12 +531,12 @@ impl<B: Backend> Backend for LocalCache<B> {
         // The backend decides at or after this reading, so a refusal it answers holds at least
         // from here: stored from an earlier instant, an entry can only end sooner than it must.
         let now_ms = self.clock.now_ms();
+        let releases = self.releases();
         if self.held.load(Ordering::Relaxed) == 0 {
             // Nothing to answer from: a hit stored meanwhile by another call only means this one
             // asks the backend, which is never wrong.
-            let releases = Releases::Cache(self.releases.load(Ordering::Relaxed));
             let answers = self.inner.acquire(hits).await;
-            self.store_refusals(hits.iter().map(|hit| (hit, releases)), &answers, now_ms);
+            self.store_refusals(hits.iter(), &answers, now_ms, &releases);
             return answers;
         }
         let looked: Vec<Looked> = hits.iter().map(|hit| self.lookup(hit, now_ms)).collect();
@@ -553,7 +552,7 @@ impl<B: Backend> Backend for LocalCache<B> {
             let asked: Vec<Hit> = hits
                 .iter()
                 .zip(&looked)
-                .filter(|(_, looked)| matches!(looked, Looked::Ask { .. }))
+                .filter(|(_, looked)| matches!(looked, Looked::Ask))
                 .map(|(hit, _)| hit.clone())
                 .collect();
             if asked.is_empty() {
@@ -566,10 +565,10 @@ impl<B: Backend> Backend for LocalCache<B> {
             .iter()
             .zip(&looked)
             .filter_map(|(hit, looked)| match looked {
-                Looked::Ask { releases } => Some((hit, Releases::Stripe(*releases))),
+                Looked::Ask => Some(hit),
                 Looked::Cached(_) => None,
             });
-        self.store_refusals(asked, &answers, now_ms);
+        self.store_refusals(asked, &answers, now_ms, &releases);
         if local == 0 {
             return answers;
         }
@@ -578,7 +577,7 @@ impl<B: Backend> Backend for LocalCache<B> {
             .into_iter()
             .map(|looked| match looked {
                 Looked::Cached(outcome) => Ok(outcome),
-                Looked::Ask { .. } => answers.next().unwrap_or_else(|| {
+                Looked::Ask => answers.next().unwrap_or_else(|| {
                     Err(BackendError::Protocol(
                         "backend answered fewer hits than it was asked".into(),
                     ))
@@ -629,8 +628,7 @@ impl<B> LocalCache<B> {
         for receipt in receipts {
             let hash = self.hash(&receipt.key);
             let mut stripe = self.stripe(hash);
-            stripe.releases = stripe.releases.wrapping_add(1);
-            self.releases.fetch_add(1, Ordering::Relaxed);
+            self.releases[Self::stripe_index(hash)].fetch_add(1, Ordering::Relaxed);
             let (bytes, len) = (stripe.bytes(), stripe.entries.len());
             if stripe.remove(hash, &receipt.key) {
                 self.account(&stripe, bytes, len);
@@ -815,26 +813,39 @@ mod tests {
             let h = hit("k", algorithm, 1, 1);
             let admitted = one(&cache, &h).await;
             let receipt = admitted.receipt.expect("an admitted charge has a receipt");
-            // Both counters a call can read before asking the backend: the cache-wide one while
-            // the cache holds nothing, the stripe's once it has looked the hit up.
-            let read_cache = Releases::Cache(cache.releases.load(Ordering::Relaxed));
-            let Looked::Ask { releases } = cache.lookup(&h, clock.now_ms()) else {
-                panic!("nothing is cached yet");
-            };
-            let read_stripe = Releases::Stripe(releases);
+            let before = cache.releases();
             let refused = one(cache.inner(), &h).await.verdict;
             assert!(!refused.admitted);
             cache.forget(std::slice::from_ref(&receipt));
-            for since in [read_cache, read_stripe] {
-                cache.store(&h, &refused, clock.now_ms(), since);
-                assert_eq!(cache.held(), (0, 0), "{algorithm}");
-            }
+            cache.store(&h, &refused, clock.now_ms(), &before);
+            assert_eq!(cache.held(), (0, 0), "{algorithm}");
             // Read after the release, the same refusal is stored.
-            let read_after = Releases::Cache(cache.releases.load(Ordering::Relaxed));
-            cache.store(&h, &refused, clock.now_ms(), read_after);
+            cache.store(&h, &refused, clock.now_ms(), &cache.releases());
             assert_eq!(cache.held().0, 1, "{algorithm}");
             assert_eq!(cache.held.load(Ordering::Relaxed), 1);
         }
+    }
+
+    // Envoy often sends several descriptors a request; a refused request gives back the charges
+    // of the others, all the time under attack. Those releases must not keep the refused
+    // window out of the cache unless they share its stripe.
+    #[tokio::test]
+    async fn a_release_of_another_stripe_does_not_stop_a_store() {
+        let (cache, clock) = cached_at(100 * W, DEFAULT_BYTES);
+        let refused_hit = hit("k", Algorithm::SlidingWindowCounter, 0, 1);
+        let stripe_of = |key: &str| LocalCache::<Counted>::stripe_index(cache.hash(key));
+        let other = (0..)
+            .map(|n| format!("other-{n}"))
+            .find(|key| stripe_of(key) != stripe_of("k"))
+            .expect("some key falls in another stripe");
+        let other_hit = hit(&other, Algorithm::SlidingWindowCounter, 10, 1);
+        let receipt = one(&cache, &other_hit).await.receipt.expect("admitted");
+        let before = cache.releases();
+        let refused = one(cache.inner(), &refused_hit).await.verdict;
+        assert!(!refused.admitted);
+        cache.forget(std::slice::from_ref(&receipt));
+        cache.store(&refused_hit, &refused, clock.now_ms(), &before);
+        assert_eq!(cache.held().0, 1, "the refusal of `k` is stored");
     }
 
     #[tokio::test]
