@@ -5,6 +5,7 @@
 
 #![allow(missing_docs, clippy::all)]
 
+pub mod answer;
 pub mod codec;
 
 /// Envoy's protobuf packages (the subset tollgate vendors).

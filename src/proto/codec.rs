@@ -4,6 +4,7 @@
 
 #![warn(missing_docs, clippy::all)]
 
+use std::any::Any;
 use std::marker::PhantomData;
 
 use prost::bytes::BufMut;
@@ -11,6 +12,8 @@ use prost::{EncodeError, Message};
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
 use tonic_prost::{ProstCodec, ProstDecoder};
+
+use super::{RateLimitResponse, answer};
 
 /// The buffer each call starts with to decode its request and to encode its answer. tonic's
 /// default is 8 KiB each way per call, two allocations too large for the allocator's per-thread
@@ -59,7 +62,8 @@ where
     }
 }
 
-/// Encodes a message into a buffer on the stack, then copies it into tonic's in one piece.
+/// Encodes a message into a buffer on the stack, then copies it into tonic's in one piece
+/// (the rate-limit answer by [`answer::encode`], the rest by prost).
 ///
 /// prost writes a message a field at a time, a tag and a varint per call, and tonic's buffer
 /// checks its capacity on each: an answer of one status took two dozen such calls. A plain
@@ -69,7 +73,7 @@ where
 #[derive(Debug)]
 pub struct StackEncoder<T>(PhantomData<T>);
 
-impl<T: Message> Encoder for StackEncoder<T> {
+impl<T: Message + 'static> Encoder for StackEncoder<T> {
     type Item = T;
     type Error = Status;
 
@@ -83,9 +87,20 @@ impl<T: Message> Encoder for StackEncoder<T> {
     }
 }
 
-/// Encodes `item` into `dst`, through a slice on the stack when it fits there.
-fn encode_via_stack<T: Message>(item: &T, dst: &mut impl BufMut) -> Result<(), EncodeError> {
+/// Encodes `item` into `dst`, through a slice on the stack when it fits there. The rate-limit
+/// answer, written at every decision, is written by [`answer::encode`] when it can be.
+fn encode_via_stack<T: Message + 'static>(
+    item: &T,
+    dst: &mut impl BufMut,
+) -> Result<(), EncodeError> {
     let mut stack = [0u8; STACK_ENCODE_BYTES];
+    // The type is known when the encoder is compiled, so this test costs nothing at run time.
+    if let Some(answer) = (item as &dyn Any).downcast_ref::<RateLimitResponse>()
+        && let Some(written) = answer::encode(answer, &mut stack)
+    {
+        dst.put_slice(&stack[..written]);
+        return Ok(());
+    }
     let mut free = &mut stack[..];
     if item.encode(&mut free).is_ok() {
         let written = STACK_ENCODE_BYTES - free.len();
