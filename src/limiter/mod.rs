@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
@@ -241,6 +242,21 @@ impl LimitRef<'_> {
     }
 }
 
+/// A request's descriptors, or what is made of each, kept inline for the usual request of a
+/// few descriptors: the limiter makes three such lists a decision, and an allocation each was a
+/// tenth of what it adds to a call.
+type PerDescriptor<T> = SmallVec<[T; INLINE_DESCRIPTORS]>;
+
+/// Descriptors a request may carry before [`PerDescriptor`] allocates.
+const INLINE_DESCRIPTORS: usize = 2;
+
+/// What each descriptor resolved to.
+type ResolvedAll<'c> = PerDescriptor<Resolved<'c>>;
+/// What each descriptor will do.
+type Plans = PerDescriptor<Plan>;
+/// The backend hits of a request.
+type Hits = PerDescriptor<Hit>;
+
 /// What one descriptor resolved to before the backend is asked.
 enum Plan {
     /// No limit applies.
@@ -302,7 +318,7 @@ impl<B: Backend> Limiter<B> {
         // One snapshot for the whole request, even if a reload swaps the config meanwhile. What
         // the rest of the decision needs of it (the limits, the metadata) is taken out before
         // the backend is awaited, so the snapshot is only borrowed, never counted.
-        let mut hits = Vec::with_capacity(request.descriptors.len());
+        let mut hits = Hits::new();
         let (plans, metadata_sources) = {
             let config = self.config.load();
             let mut metadata_sources: Vec<(usize, &MetaValue)> = Vec::new();
@@ -335,7 +351,7 @@ impl<B: Backend> Limiter<B> {
         config: &'c Config,
         request: &Request,
         metadata_sources: &mut Vec<(usize, &'c MetaValue)>,
-    ) -> Vec<Resolved<'c>> {
+    ) -> ResolvedAll<'c> {
         let Some(domain) = config.domain(&request.domain) else {
             // An unknown domain limits nothing, overrides included.
             return request
@@ -344,7 +360,7 @@ impl<B: Backend> Limiter<B> {
                 .map(|_| (None, String::new(), None))
                 .collect();
         };
-        let mut resolved = Vec::with_capacity(request.descriptors.len());
+        let mut resolved = ResolvedAll::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let entry = if let Some(limit) = override_limit(&request.domain, descriptor) {
                 let key = limiter_key(
@@ -384,13 +400,8 @@ impl<B: Backend> Limiter<B> {
     }
 
     /// Applies `replaces` and `unlimited`, and turns the remaining limits into backend hits.
-    fn plan(
-        &self,
-        request: &Request,
-        mut resolved: Vec<Resolved<'_>>,
-        hits: &mut Vec<Hit>,
-    ) -> Vec<Plan> {
-        let mut plans = Vec::with_capacity(resolved.len());
+    fn plan(&self, request: &Request, mut resolved: ResolvedAll<'_>, hits: &mut Hits) -> Plans {
+        let mut plans = Plans::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let Some((limit, _, _)) = resolved.get(index) else {
                 break;
@@ -440,7 +451,7 @@ impl<B: Backend> Limiter<B> {
     async fn finish(
         &self,
         request: &Request,
-        plans: Vec<Plan>,
+        plans: Plans,
         mut results: Vec<Result<Outcome, BackendError>>,
         metadata_sources: Vec<(usize, MetaValue)>,
     ) -> Decision {
@@ -995,13 +1006,25 @@ fn escape_from(out: &mut String, text: &str, clean: usize) {
 }
 
 /// Whether `byte` may start a character that [`escape_into`] encodes: the separators, ASCII
-/// controls, or 0xC2, the lead byte of the C1 controls U+0080..U+009F.
+/// controls, or 0xC2, the lead byte of the C1 controls U+0080..U+009F. A table, as every byte of
+/// every key is tested.
 fn may_need_escape(byte: u8) -> bool {
-    matches!(
-        byte,
-        b'%' | b'|' | b'=' | b'~' | b'@' | b'{' | b'}' | 0x00..=0x1F | 0x7F | 0xC2
-    )
+    MAY_NEED_ESCAPE[usize::from(byte)]
 }
+
+/// [`may_need_escape`] of every byte.
+static MAY_NEED_ESCAPE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        table[byte] = matches!(
+            byte as u8,
+            b'%' | b'|' | b'=' | b'~' | b'@' | b'{' | b'}' | 0x00..=0x1F | 0x7F | 0xC2
+        );
+        byte += 1;
+    }
+    table
+};
 
 fn push_percent(out: &mut String, byte: u32) {
     let _ = write!(out, "%{byte:02X}");
