@@ -243,8 +243,8 @@ impl LimitRef<'_> {
 }
 
 /// A request's descriptors, or what is made of each, kept inline for the usual request of a
-/// few descriptors: the limiter makes three such lists a decision, and an allocation each was a
-/// tenth of what it adds to a call.
+/// few descriptors: the limiter makes three such lists a decision, and each was an allocation
+/// and a free on every call.
 type PerDescriptor<T> = SmallVec<[T; INLINE_DESCRIPTORS]>;
 
 /// Descriptors a request may carry before [`PerDescriptor`] allocates.

@@ -10,6 +10,9 @@
 //!
 //! Anything outside the usual shape (a body, dynamic metadata, a quota assignment) is left to
 //! prost: [`encode`] then answers `None` having written nothing that counts.
+//!
+//! Every message is taken apart field by field, with no `..`: a field added to the vendored
+//! protos does not compile here until this encoder writes it or leaves its message to prost.
 
 #![warn(missing_docs, clippy::all)]
 
@@ -22,18 +25,27 @@ use super::rate_limit_response::{DescriptorStatus, RateLimit};
 /// Writes `answer` into the start of `out` and answers how many bytes it took, or `None` when
 /// the answer has a field this encoder leaves to prost or does not fit in `out`.
 pub fn encode(answer: &RateLimitResponse, out: &mut [u8]) -> Option<usize> {
-    if !answer.raw_body.is_empty() || answer.dynamic_metadata.is_some() || answer.quota.is_some() {
+    let RateLimitResponse {
+        overall_code,
+        statuses,
+        response_headers_to_add,
+        request_headers_to_add,
+        raw_body,
+        dynamic_metadata,
+        quota,
+    } = answer;
+    if !raw_body.is_empty() || dynamic_metadata.is_some() || quota.is_some() {
         return None;
     }
     let mut w = Writer { out, at: 0 };
-    w.enumeration(1, answer.overall_code)?;
-    for status in &answer.statuses {
+    w.enumeration(1, *overall_code)?;
+    for status in statuses {
         w.status(status)?;
     }
-    for header in &answer.response_headers_to_add {
+    for header in response_headers_to_add {
         w.header(3, header)?;
     }
-    for header in &answer.request_headers_to_add {
+    for header in request_headers_to_add {
         w.header(4, header)?;
     }
     Some(w.at)
@@ -103,40 +115,58 @@ impl Writer<'_> {
     }
 
     fn status(&mut self, status: &DescriptorStatus) -> Option<()> {
-        if status.quota.is_some() {
+        let DescriptorStatus {
+            code,
+            current_limit,
+            limit_remaining,
+            duration_until_reset,
+            quota,
+        } = status;
+        if quota.is_some() {
             return None;
         }
-        let limit_len = status.current_limit.as_ref().map(limit_len);
-        let reset_len = status.duration_until_reset.as_ref().map(duration_len);
-        let len = enumeration_len(status.code)
+        let limit_len = current_limit.as_ref().map(limit_len);
+        let reset_len = duration_until_reset.as_ref().map(duration_len);
+        let len = enumeration_len(*code)
             + limit_len.map_or(0, nested_len)
-            + uint_len(u64::from(status.limit_remaining))
+            + uint_len(u64::from(*limit_remaining))
             + reset_len.map_or(0, nested_len);
         self.nested(2, len)?;
-        self.enumeration(1, status.code)?;
-        if let (Some(limit), Some(len)) = (&status.current_limit, limit_len) {
+        self.enumeration(1, *code)?;
+        if let (
+            Some(RateLimit {
+                name,
+                requests_per_unit,
+                unit,
+            }),
+            Some(len),
+        ) = (current_limit, limit_len)
+        {
             self.nested(2, len)?;
-            self.uint(1, u64::from(limit.requests_per_unit))?;
-            self.enumeration(2, limit.unit)?;
-            self.bytes(3, limit.name.as_bytes())?;
+            self.uint(1, u64::from(*requests_per_unit))?;
+            self.enumeration(2, *unit)?;
+            self.bytes(3, name.as_bytes())?;
         }
-        self.uint(3, u64::from(status.limit_remaining))?;
-        if let (Some(reset), Some(len)) = (&status.duration_until_reset, reset_len) {
+        self.uint(3, u64::from(*limit_remaining))?;
+        if let (Some(Duration { seconds, nanos }), Some(len)) = (duration_until_reset, reset_len) {
             self.nested(4, len)?;
-            self.uint(1, reset.seconds as u64)?;
-            self.enumeration(2, reset.nanos)?;
+            self.uint(1, *seconds as u64)?;
+            self.enumeration(2, *nanos)?;
         }
         Some(())
     }
 
     fn header(&mut self, tag: u8, header: &HeaderValue) -> Option<()> {
-        let len = bytes_len(header.key.len())
-            + bytes_len(header.value.len())
-            + bytes_len(header.raw_value.len());
+        let HeaderValue {
+            key,
+            value,
+            raw_value,
+        } = header;
+        let len = bytes_len(key.len()) + bytes_len(value.len()) + bytes_len(raw_value.len());
         self.nested(tag, len)?;
-        self.bytes(1, header.key.as_bytes())?;
-        self.bytes(2, header.value.as_bytes())?;
-        self.bytes(3, &header.raw_value)
+        self.bytes(1, key.as_bytes())?;
+        self.bytes(2, value.as_bytes())?;
+        self.bytes(3, raw_value)
     }
 }
 
@@ -170,13 +200,17 @@ fn nested_len(len: usize) -> usize {
 }
 
 fn limit_len(limit: &RateLimit) -> usize {
-    uint_len(u64::from(limit.requests_per_unit))
-        + enumeration_len(limit.unit)
-        + bytes_len(limit.name.len())
+    let RateLimit {
+        name,
+        requests_per_unit,
+        unit,
+    } = limit;
+    uint_len(u64::from(*requests_per_unit)) + enumeration_len(*unit) + bytes_len(name.len())
 }
 
 fn duration_len(duration: &Duration) -> usize {
-    uint_len(duration.seconds as u64) + enumeration_len(duration.nanos)
+    let Duration { seconds, nanos } = duration;
+    uint_len(*seconds as u64) + enumeration_len(*nanos)
 }
 
 #[cfg(test)]
