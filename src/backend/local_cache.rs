@@ -342,8 +342,8 @@ impl<B> LocalCache<B> {
         ((hash >> STRIPE_HASH_SHIFT) % STRIPES as u64) as usize
     }
 
-    fn stripe(&self, hash: u64) -> MutexGuard<'_, Stripe> {
-        lock(&self.stripes[Self::stripe_index(hash)])
+    fn stripe(&self, index: usize) -> MutexGuard<'_, Stripe> {
+        lock(&self.stripes[index])
     }
 
     /// Every stripe's release counter, read before a backend call, for [`LocalCache::store`] to
@@ -363,7 +363,7 @@ impl<B> LocalCache<B> {
             return Looked::Ask;
         };
         let hash = self.hash(&hit.key);
-        let stripe = self.stripe(hash);
+        let stripe = self.stripe(Self::stripe_index(hash));
         let Some(entry) = stripe.find(hash, &hit.key) else {
             return Looked::Ask;
         };
@@ -410,7 +410,7 @@ impl<B> LocalCache<B> {
         let m = metrics();
         let hash = self.hash(&hit.key);
         let index = Self::stripe_index(hash);
-        let mut stripe = self.stripe(hash);
+        let mut stripe = self.stripe(index);
         // Under the stripe's lock, which every bump of its counter holds too.
         if self.releases[index].load(Ordering::Relaxed) != since.0[index] {
             return;
@@ -627,8 +627,9 @@ impl<B> LocalCache<B> {
     fn forget(&self, receipts: &[Receipt]) {
         for receipt in receipts {
             let hash = self.hash(&receipt.key);
-            let mut stripe = self.stripe(hash);
-            self.releases[Self::stripe_index(hash)].fetch_add(1, Ordering::Relaxed);
+            let index = Self::stripe_index(hash);
+            let mut stripe = self.stripe(index);
+            self.releases[index].fetch_add(1, Ordering::Relaxed);
             let (bytes, len) = (stripe.bytes(), stripe.entries.len());
             if stripe.remove(hash, &receipt.key) {
                 self.account(&stripe, bytes, len);

@@ -16,6 +16,7 @@
 
 #![warn(missing_docs, clippy::all)]
 
+use prost::encoding::encoded_len_varint;
 use prost_types::Duration;
 
 use super::HeaderValue;
@@ -51,7 +52,8 @@ pub fn encode(answer: &RateLimitResponse, out: &mut [u8]) -> Option<usize> {
     Some(w.at)
 }
 
-/// A cursor in the output; every write answers `None` once the output is full.
+/// A cursor in the output; every write answers `None` once the output is full, where prost's own
+/// writers would panic on a full slice.
 struct Writer<'a> {
     out: &'a mut [u8],
     at: usize,
@@ -170,15 +172,13 @@ impl Writer<'_> {
     }
 }
 
-/// Bytes of `value` as a varint.
-fn varint_len(value: u64) -> usize {
-    // Seven bits a byte; 0 still takes one.
-    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
-}
-
 /// Bytes of a varint field of `value` (nothing when it is 0).
 fn uint_len(value: u64) -> usize {
-    if value == 0 { 0 } else { 1 + varint_len(value) }
+    if value == 0 {
+        0
+    } else {
+        1 + encoded_len_varint(value)
+    }
 }
 
 fn enumeration_len(value: i32) -> usize {
@@ -190,13 +190,13 @@ fn bytes_len(len: usize) -> usize {
     if len == 0 {
         0
     } else {
-        1 + varint_len(len as u64) + len
+        1 + encoded_len_varint(len as u64) + len
     }
 }
 
 /// Bytes of a nested message field whose message is `len` long (written even when empty).
 fn nested_len(len: usize) -> usize {
-    1 + varint_len(len as u64) + len
+    1 + encoded_len_varint(len as u64) + len
 }
 
 fn limit_len(limit: &RateLimit) -> usize {
