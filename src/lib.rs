@@ -11,14 +11,18 @@
 //! one step each; the helpers a step calls out to are named where it uses them. The binary runs
 //! `Limiter<Sharded<AnyBackend>>`; the Redis backend is shown, the others branch off at step 4.
 //!
-//! 1. **Handler**, `src/server/rls.rs`. [`RlsService::should_rate_limit`] (the tonic handler)
-//!    calls [`App::decide`], which starts the clock and calls [`rls::decide`]: the request is
-//!    converted by `request_from_proto` (strings moved, not copied), decided by
-//!    [`Limiter::should_rate_limit`], and the [`Decision`] converted back by `response_to_proto`
-//!    (a [`LimiterError`] becomes `INVALID_ARGUMENT`). Back in [`App::decide`], **metrics are
-//!    recorded**: [`Metrics::observe`] (`src/server/metrics.rs`) counts the overall and
-//!    per-descriptor codes and the latency. `POST /json` (`src/server/admin.rs`) takes the same
-//!    [`App::decide`].
+//! 1. **Handler**, `src/server/rls.rs`. [`RlsService`], a tonic service written by hand,
+//!    decodes the call with [`RlsCodec`] (`src/server/wire.rs`) straight into a
+//!    [`descriptor::Request`], with no protobuf struct between, and hands it to `App::decide_since`:
+//!    it starts the clock, opens the decision's span, answers at once when no policies are in
+//!    force yet or too many decisions are in flight, and asks [`Limiter::should_rate_limit`] (a
+//!    [`LimiterError`] becomes `INVALID_ARGUMENT`). **Metrics are recorded** there:
+//!    [`Metrics::observe`] (`src/server/metrics.rs`) counts the overall and per-descriptor codes
+//!    and the latency. The [`Decision`] goes back to the codec, which writes the protobuf answer
+//!    from it (`write_decision`, with the field writer of `src/proto/answer.rs`). `POST /json`
+//!    (`src/server/admin.rs`) takes [`App::decide`], the same path between the protobuf structs
+//!    (`request_from_proto`, `response_to_proto`); [`rls::decide`] is that conversion without the
+//!    metrics, for embedders and tests.
 //! 2. **Limiter**, `src/limiter/mod.rs`. [`Limiter::should_rate_limit`] checks the protocol's
 //!    bounds (`validate`), loads **one config snapshot** for the whole request, resolves each
 //!    descriptor to its limit (`Limiter::resolve`: the descriptor's own `limit` override, else
@@ -57,7 +61,8 @@
 //! and built by the same rules into a snapshot, installed with [`Limiter::set_config`] and then
 //! ACKed; a push that does not load is NACKed and the snapshot in force stays.
 //!
-//! [`RlsService::should_rate_limit`]: server::rls::RlsService
+//! [`RlsService`]: server::rls::RlsService
+//! [`RlsCodec`]: server::wire::RlsCodec
 //! [`App::decide`]: server::App::decide
 //! [`rls::decide`]: server::rls::decide
 //! [`Limiter::should_rate_limit`]: limiter::Limiter::should_rate_limit

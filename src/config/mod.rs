@@ -135,6 +135,32 @@ pub struct Limit {
     pub attached: Attached,
 }
 
+impl Limit {
+    /// `requests_per_unit` hits a `unit` under `full_key`, with no name and every option at its
+    /// default: what a descriptor's own `limit` override makes.
+    pub fn plain(full_key: String, requests_per_unit: u32, unit: Unit) -> Limit {
+        Limit {
+            full_key,
+            name: None,
+            requests_per_unit,
+            unit: Some(unit),
+            window_ms: unit.millis(),
+            algorithm: Algorithm::default(),
+            shards: 1,
+            lease: false,
+            counting: None,
+            failure_mode: None,
+            unlimited: false,
+            shadow_mode: false,
+            quota_mode: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            replaces: Vec::new(),
+            attached: Attached::default(),
+        }
+    }
+}
+
 /// Something another layer keeps for one limit (the statistics keep the series the limit counts
 /// into), made at the limit's first use and dropped with it, so that a decision finds it without
 /// a lookup by key. The config neither reads nor compares it: a copy of a limit starts with

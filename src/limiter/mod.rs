@@ -787,25 +787,11 @@ fn override_limit(domain: &str, descriptor: &Descriptor) -> Option<Arc<Limit>> {
             full_key.push_str(&entry.value);
         }
     }
-    Some(Arc::new(Limit {
+    Some(Arc::new(Limit::plain(
         full_key,
-        name: None,
-        requests_per_unit: requested.requests_per_unit,
-        unit: Some(unit),
-        window_ms: unit.millis(),
-        algorithm: Algorithm::default(),
-        shards: 1,
-        lease: false,
-        counting: None,
-        failure_mode: None,
-        unlimited: false,
-        shadow_mode: false,
-        quota_mode: false,
-        detailed_metric: false,
-        value_to_metric: false,
-        replaces: Vec::new(),
-        attached: Default::default(),
-    }))
+        requested.requests_per_unit,
+        unit,
+    )))
 }
 
 /// Merges the metadata of the limits of the descriptors that passed, in request order: the first

@@ -11,6 +11,9 @@
 //! Anything outside the usual shape (a body, dynamic metadata, a quota assignment) is left to
 //! prost: [`encode`] then answers `None` having written nothing that counts.
 //!
+//! The [`Writer`] takes each status and header as plain fields, so the gRPC service writes its
+//! answer from the limiter's decision through the same code, with no protobuf structs between.
+//!
 //! Every message is taken apart field by field, with no `..`: a field added to the vendored
 //! protos does not compile here until this encoder writes it or leaves its message to prost.
 
@@ -38,23 +41,54 @@ pub fn encode(answer: &RateLimitResponse, out: &mut [u8]) -> Option<usize> {
     if !raw_body.is_empty() || dynamic_metadata.is_some() || quota.is_some() {
         return None;
     }
-    let mut w = Writer { out, at: 0 };
-    w.enumeration(1, *overall_code)?;
+    let mut w = Writer::new(out);
+    w.overall_code(*overall_code)?;
     for status in statuses {
         w.status(status)?;
     }
     for header in response_headers_to_add {
-        w.header(3, header)?;
+        w.header(RESPONSE_HEADER, header)?;
     }
     for header in request_headers_to_add {
-        w.header(4, header)?;
+        w.header(REQUEST_HEADER, header)?;
     }
-    Some(w.at)
+    Some(w.written())
 }
 
-/// A cursor in the output; every write answers `None` once the output is full, where prost's own
-/// writers would panic on a full slice.
-struct Writer<'a> {
+/// The tag of `RateLimitResponse.response_headers_to_add`.
+pub const RESPONSE_HEADER: u8 = 3;
+/// The tag of `RateLimitResponse.request_headers_to_add`.
+pub const REQUEST_HEADER: u8 = 4;
+
+/// One `DescriptorStatus.current_limit`, as plain fields.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitFields<'a> {
+    /// `name`.
+    pub name: &'a str,
+    /// `requests_per_unit`.
+    pub requests_per_unit: u32,
+    /// `unit`, the enum's number.
+    pub unit: i32,
+}
+
+/// One `DescriptorStatus` of the usual shape (no quota), as plain fields.
+#[derive(Debug, Clone, Copy)]
+pub struct StatusFields<'a> {
+    /// `code`, the enum's number.
+    pub code: i32,
+    /// `current_limit`.
+    pub limit: Option<LimitFields<'a>>,
+    /// `limit_remaining`.
+    pub remaining: u32,
+    /// `duration_until_reset`, as seconds and nanoseconds.
+    pub reset: Option<(i64, i32)>,
+}
+
+/// A `RateLimitResponse` written field by field, in tag order, into the start of a slice; every
+/// write answers `None` once the slice is full, where prost's own writers would panic on a full
+/// slice. The caller writes the overall code, then the statuses, then the headers.
+#[derive(Debug)]
+pub struct Writer<'a> {
     out: &'a mut [u8],
     at: usize,
 }
@@ -64,7 +98,22 @@ const VARINT: u8 = 0;
 /// Wire type of length-delimited fields (strings, bytes, messages).
 const DELIMITED: u8 = 2;
 
-impl Writer<'_> {
+impl<'a> Writer<'a> {
+    /// A writer at the start of `out`.
+    pub fn new(out: &'a mut [u8]) -> Self {
+        Writer { out, at: 0 }
+    }
+
+    /// The bytes written so far.
+    pub fn written(&self) -> usize {
+        self.at
+    }
+
+    /// `overall_code`, the enum's number.
+    pub fn overall_code(&mut self, code: i32) -> Option<()> {
+        self.enumeration(1, code)
+    }
+
     fn byte(&mut self, byte: u8) -> Option<()> {
         *self.out.get_mut(self.at)? = byte;
         self.at += 1;
@@ -127,33 +176,53 @@ impl Writer<'_> {
         if quota.is_some() {
             return None;
         }
-        let limit_len = current_limit.as_ref().map(limit_len);
-        let reset_len = duration_until_reset.as_ref().map(duration_len);
-        let len = enumeration_len(*code)
+        self.status_fields(StatusFields {
+            code: *code,
+            limit: current_limit.as_ref().map(
+                |RateLimit {
+                     name,
+                     requests_per_unit,
+                     unit,
+                 }| LimitFields {
+                    name,
+                    requests_per_unit: *requests_per_unit,
+                    unit: *unit,
+                },
+            ),
+            remaining: *limit_remaining,
+            reset: duration_until_reset
+                .as_ref()
+                .map(|Duration { seconds, nanos }| (*seconds, *nanos)),
+        })
+    }
+
+    /// One entry of `statuses`.
+    pub fn status_fields(&mut self, status: StatusFields<'_>) -> Option<()> {
+        let StatusFields {
+            code,
+            limit,
+            remaining,
+            reset,
+        } = status;
+        let limit_len = limit.as_ref().map(limit_len);
+        let reset_len = reset.map(duration_len);
+        let len = enumeration_len(code)
             + limit_len.map_or(0, nested_len)
-            + uint_len(u64::from(*limit_remaining))
+            + uint_len(u64::from(remaining))
             + reset_len.map_or(0, nested_len);
         self.nested(2, len)?;
-        self.enumeration(1, *code)?;
-        if let (
-            Some(RateLimit {
-                name,
-                requests_per_unit,
-                unit,
-            }),
-            Some(len),
-        ) = (current_limit, limit_len)
-        {
+        self.enumeration(1, code)?;
+        if let (Some(limit), Some(len)) = (limit, limit_len) {
             self.nested(2, len)?;
-            self.uint(1, u64::from(*requests_per_unit))?;
-            self.enumeration(2, *unit)?;
-            self.bytes(3, name.as_bytes())?;
+            self.uint(1, u64::from(limit.requests_per_unit))?;
+            self.enumeration(2, limit.unit)?;
+            self.bytes(3, limit.name.as_bytes())?;
         }
-        self.uint(3, u64::from(*limit_remaining))?;
-        if let (Some(Duration { seconds, nanos }), Some(len)) = (duration_until_reset, reset_len) {
+        self.uint(3, u64::from(remaining))?;
+        if let (Some((seconds, nanos)), Some(len)) = (reset, reset_len) {
             self.nested(4, len)?;
-            self.uint(1, *seconds as u64)?;
-            self.enumeration(2, *nanos)?;
+            self.uint(1, seconds as u64)?;
+            self.enumeration(2, nanos)?;
         }
         Some(())
     }
@@ -164,10 +233,21 @@ impl Writer<'_> {
             value,
             raw_value,
         } = header;
+        self.header_fields(tag, key.as_bytes(), value.as_bytes(), raw_value)
+    }
+
+    /// One `HeaderValue` under `tag` ([`RESPONSE_HEADER`] or [`REQUEST_HEADER`]).
+    pub fn header_fields(
+        &mut self,
+        tag: u8,
+        key: &[u8],
+        value: &[u8],
+        raw_value: &[u8],
+    ) -> Option<()> {
         let len = bytes_len(key.len()) + bytes_len(value.len()) + bytes_len(raw_value.len());
         self.nested(tag, len)?;
-        self.bytes(1, key.as_bytes())?;
-        self.bytes(2, value.as_bytes())?;
+        self.bytes(1, key)?;
+        self.bytes(2, value)?;
         self.bytes(3, raw_value)
     }
 }
@@ -199,18 +279,14 @@ fn nested_len(len: usize) -> usize {
     1 + encoded_len_varint(len as u64) + len
 }
 
-fn limit_len(limit: &RateLimit) -> usize {
-    let RateLimit {
-        name,
-        requests_per_unit,
-        unit,
-    } = limit;
-    uint_len(u64::from(*requests_per_unit)) + enumeration_len(*unit) + bytes_len(name.len())
+fn limit_len(limit: &LimitFields<'_>) -> usize {
+    uint_len(u64::from(limit.requests_per_unit))
+        + enumeration_len(limit.unit)
+        + bytes_len(limit.name.len())
 }
 
-fn duration_len(duration: &Duration) -> usize {
-    let Duration { seconds, nanos } = duration;
-    uint_len(*seconds as u64) + enumeration_len(*nanos)
+fn duration_len((seconds, nanos): (i64, i32)) -> usize {
+    uint_len(seconds as u64) + enumeration_len(nanos)
 }
 
 #[cfg(test)]

@@ -39,7 +39,8 @@ impl<T, U> Default for Protobuf<T, U> {
     }
 }
 
-fn buffers() -> BufferSettings {
+/// The buffer settings of every codec here: [`BUFFER_BYTES`] each way, tonic's yield threshold.
+pub fn buffers() -> BufferSettings {
     BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD)
 }
 
@@ -93,22 +94,39 @@ fn encode_via_stack<T: Message + 'static>(
     item: &T,
     dst: &mut impl BufMut,
 ) -> Result<(), EncodeError> {
-    let mut stack = [0u8; STACK_ENCODE_BYTES];
     // The type is known when the encoder is compiled, so this test costs nothing at run time.
     if let Some(answer) = (item as &dyn Any).downcast_ref::<RateLimitResponse>()
-        && let Some(written) = answer::encode(answer, &mut stack)
+        && put_via_stack(dst, |stack| answer::encode(answer, stack))
     {
-        dst.put_slice(&stack[..written]);
         return Ok(());
     }
-    let mut free = &mut stack[..];
-    if item.encode(&mut free).is_ok() {
-        let written = STACK_ENCODE_BYTES - free.len();
-        dst.put_slice(&stack[..written]);
+    let written = put_via_stack(dst, |stack| {
+        let mut free = &mut stack[..];
+        item.encode(&mut free).ok()?;
+        Some(STACK_ENCODE_BYTES - free.len())
+    });
+    if written {
         return Ok(());
     }
     // tonic's buffer grows to whatever the message needs, so this does not run out of room.
     item.encode(dst)
+}
+
+/// Lets `write` fill a buffer on the stack and answer how many bytes it wrote, then copies them
+/// into `dst` in one piece. `false`, with nothing put in `dst`, when `write` answers `None` (the
+/// message does not fit, or is not of the shape `write` knows).
+pub fn put_via_stack(
+    dst: &mut impl BufMut,
+    write: impl FnOnce(&mut [u8]) -> Option<usize>,
+) -> bool {
+    let mut stack = [0u8; STACK_ENCODE_BYTES];
+    match write(&mut stack).and_then(|written| stack.get(..written)) {
+        Some(bytes) => {
+            dst.put_slice(bytes);
+            true
+        }
+        None => false,
+    }
 }
 
 #[cfg(test)]

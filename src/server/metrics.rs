@@ -20,8 +20,7 @@ use super::stats::{DEFAULT_MAX_REQUEST_KEYS, ReferenceStats};
 use super::striped::{self, Histogram};
 use crate::backend::MemoryUsage;
 use crate::config::FailureMode;
-use crate::limiter::{Decision, LimitReport, Usage};
-use crate::proto::{RateLimitResponse, rate_limit_response::Code as ProtoCode};
+use crate::limiter::{Code, Decision, LimitReport, Usage};
 
 /// How the reference-named statistics are built.
 #[derive(Debug, Clone)]
@@ -144,11 +143,10 @@ impl ByCode {
         }
     }
 
-    fn count(&self, code: i32) {
-        if code == ProtoCode::OverLimit as i32 {
-            self.over_limit.inc();
-        } else {
-            self.ok.inc();
+    fn count(&self, code: Code) {
+        match code {
+            Code::OverLimit => self.over_limit.inc(),
+            Code::Ok => self.ok.inc(),
         }
     }
 }
@@ -439,14 +437,14 @@ impl Metrics {
     }
 
     /// Records one answered request.
-    pub fn observe(&self, result: Result<&RateLimitResponse, ()>, elapsed: Duration) {
+    pub fn observe(&self, result: Result<&Decision, ()>, elapsed: Duration) {
         self.latency.observe(elapsed.as_secs_f64());
-        let Ok(response) = result else {
+        let Ok(decision) = result else {
             self.requests.invalid.inc();
             return;
         };
-        self.requests.count(response.overall_code);
-        for status in &response.statuses {
+        self.requests.count(decision.overall);
+        for status in &decision.statuses {
             self.descriptors.count(status.code);
         }
     }

@@ -13,6 +13,7 @@ pub mod runtime;
 pub mod stats;
 pub mod striped;
 pub mod tls;
+pub mod wire;
 pub mod xds;
 
 use std::future::Future;
@@ -394,11 +395,7 @@ pub async fn serve<B: Backend>(
         builder = builder.max_connection_age_grace(grace);
     }
     let router = builder
-        .add_service(
-            proto::rate_limit_service_server::RateLimitServiceServer::new(rls::RlsService::new(
-                Arc::clone(&app),
-            )),
-        )
+        .add_service(rls::RlsService::new(Arc::clone(&app)))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);

@@ -9,15 +9,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use prost_types::value::Kind;
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use tonic::codegen::{BoxFuture, Service, StdError, http};
+use tonic::server::{NamedService, UnaryService};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
 
+use super::wire::RlsCodec;
 use super::{Health, Metrics};
 use crate::backend::Backend;
 use crate::config::MetaValue;
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 use crate::limiter::{Code, Decision, Limiter, LimiterError, Status};
+use crate::proto::answer::{LimitFields, StatusFields};
 use crate::proto::{
-    self, HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
+    HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
     rate_limit_response::{self, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit},
 };
 use crate::telemetry::{self, Headers, NoHeaders};
@@ -100,7 +107,15 @@ impl Origin {
 /// which Envoy's rate limit filter treats as any failed call, by its `failure_mode_deny`.
 pub const OVERLOADED: tonic::Code = tonic::Code::ResourceExhausted;
 
-/// The tonic service answering `ShouldRateLimit`.
+/// The full path of the one method of the RLS service.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The gRPC service `envoy.service.ratelimit.v3.RateLimitService`, answering `ShouldRateLimit`.
+///
+/// Written by hand rather than generated, so that the call decodes straight into the limiter's
+/// [`Request`] and writes its answer straight from the [`Decision`] ([`RlsCodec`]), and so that
+/// a call allocates one future for its handler instead of two. Any other method of the service
+/// is `UNIMPLEMENTED`, as in generated code.
 #[derive(Debug)]
 pub struct RlsService<B> {
     app: Arc<App<B>>,
@@ -113,22 +128,67 @@ impl<B> RlsService<B> {
     }
 }
 
-#[tonic::async_trait]
-impl<B: Backend> proto::rate_limit_service_server::RateLimitService for RlsService<B> {
-    async fn should_rate_limit(
-        &self,
-        request: GrpcRequest<RateLimitRequest>,
-    ) -> Result<GrpcResponse<RateLimitResponse>, GrpcStatus> {
-        let started = Instant::now();
-        let (metadata, _, request) = request.into_parts();
-        let (result, elapsed) = self
-            .app
-            .decide_since(request, &GrpcHeaders(&metadata), started)
-            .await;
-        // The reference's gRPC interceptor counts every call, refused ones included; `/json`
-        // does not pass through it.
-        self.app.metrics.observe_grpc(elapsed);
-        result.map(GrpcResponse::new)
+impl<B> Clone for RlsService<B> {
+    fn clone(&self) -> Self {
+        RlsService {
+            app: Arc::clone(&self.app),
+        }
+    }
+}
+
+impl<B> NamedService for RlsService<B> {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl<B, Body> Service<http::Request<Body>> for RlsService<B>
+where
+    B: Backend,
+    Body: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    Body::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(std::future::ready(Ok(
+                GrpcStatus::unimplemented("").into_http()
+            )));
+        }
+        let method = ShouldRateLimit(Arc::clone(&self.app));
+        Box::pin(async move {
+            Ok(tonic::server::Grpc::new(RlsCodec)
+                .unary(method, request)
+                .await)
+        })
+    }
+}
+
+/// One `ShouldRateLimit` call.
+struct ShouldRateLimit<B>(Arc<App<B>>);
+
+impl<B: Backend> UnaryService<Request> for ShouldRateLimit<B> {
+    type Response = Decision;
+    type Future = BoxFuture<GrpcResponse<Decision>, GrpcStatus>;
+
+    fn call(&mut self, request: GrpcRequest<Request>) -> Self::Future {
+        let app = Arc::clone(&self.0);
+        Box::pin(async move {
+            let started = Instant::now();
+            let (metadata, _, request) = request.into_parts();
+            let (result, elapsed) = app
+                .decide_since(request, &GrpcHeaders(&metadata), started)
+                .await;
+            // The reference's gRPC interceptor counts every call, refused ones included; `/json`
+            // does not pass through it.
+            app.metrics.observe_grpc(elapsed);
+            result.map(GrpcResponse::new)
+        })
     }
 }
 
@@ -152,10 +212,10 @@ impl<B: Backend> App<B> {
         }
     }
 
-    /// Decides one protobuf request and records it in the metrics: the request path of both the
-    /// gRPC service and `POST /json`. Past the bound on decisions in flight it answers at once
-    /// with [`OVERLOADED`], touching no counter: a call that waited would only come back after
-    /// its caller gave up.
+    /// Decides one protobuf request and records it in the metrics, as the gRPC service does:
+    /// the request path of `POST /json`. Past the bound on decisions in flight it answers at
+    /// once with [`OVERLOADED`], touching no counter: a call that waited would only come back
+    /// after its caller gave up.
     pub async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, GrpcStatus> {
         self.decide_traced(request, &NoHeaders).await
     }
@@ -167,21 +227,23 @@ impl<B: Backend> App<B> {
         request: RateLimitRequest,
         headers: &dyn Headers,
     ) -> Result<RateLimitResponse, GrpcStatus> {
-        self.decide_since(request, headers, Instant::now()).await.0
+        let request = request_from_proto(request);
+        let (result, _) = self.decide_since(request, headers, Instant::now()).await;
+        result.map(response_to_proto)
     }
 
-    /// [`App::decide_traced`] for a call that began at `started`, with how long it took since:
+    /// Decides `request`, a call that began at `started`, and answers how long it took since:
     /// the one clock read at each end serves every timing the call records.
     async fn decide_since(
         &self,
-        request: RateLimitRequest,
+        request: Request,
         headers: &dyn Headers,
         started: Instant,
-    ) -> (Result<RateLimitResponse, GrpcStatus>, Duration) {
+    ) -> (Result<Decision, GrpcStatus>, Duration) {
         let span = telemetry::request_span(headers, &request.domain, request.descriptors.len());
         let (result, elapsed) = span.run(|| self.decide_untraced(request, started)).await;
         span.finish(match &result {
-            Ok(response) => Ok(overall_code_name(response.overall_code)),
+            Ok(decision) => Ok(code_name(decision.overall)),
             Err(status) => Err(status.message()),
         });
         (result, elapsed)
@@ -189,9 +251,9 @@ impl<B: Backend> App<B> {
 
     async fn decide_untraced(
         &self,
-        request: RateLimitRequest,
+        request: Request,
         started: Instant,
-    ) -> (Result<RateLimitResponse, GrpcStatus>, Duration) {
+    ) -> (Result<Decision, GrpcStatus>, Duration) {
         // Before the first policies of a source that waits for them, there is nothing to decide
         // by: answer as a service that is not up yet would, and let Envoy's failure mode rule.
         if let Some(reason) = self.health.waiting_for_policies() {
@@ -208,11 +270,10 @@ impl<B: Backend> App<B> {
             );
             return (Err(status), started.elapsed());
         };
-        let request = request_from_proto(request);
         let result = match self.limiter.should_rate_limit(&request).await {
             Ok(decision) => {
                 self.metrics.observe_decision(&request.domain, &decision);
-                Ok(response_to_proto(decision))
+                Ok(decision)
             }
             Err(LimiterError::InvalidArgument(message)) => {
                 self.metrics.observe_service_error();
@@ -227,11 +288,10 @@ impl<B: Backend> App<B> {
 }
 
 /// The name of an overall code as the protocol spells it, for the decision's span.
-fn overall_code_name(code: i32) -> &'static str {
-    match rate_limit_response::Code::try_from(code) {
-        Ok(rate_limit_response::Code::Ok) => "OK",
-        Ok(rate_limit_response::Code::OverLimit) => "OVER_LIMIT",
-        _ => "UNKNOWN",
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
     }
 }
 
@@ -290,7 +350,9 @@ fn descriptor_from_proto(descriptor: RateLimitDescriptor) -> Descriptor {
     }
 }
 
-fn unit_from_proto(unit: i32) -> Option<Unit> {
+/// The unit of a request's limit override; `None` for UNKNOWN and numbers the protocol does
+/// not name.
+pub(crate) fn unit_from_proto(unit: i32) -> Option<Unit> {
     match RateLimitUnit::try_from(unit).ok()? {
         RateLimitUnit::Unknown => None,
         RateLimitUnit::Second => Some(Unit::Second),
@@ -315,7 +377,8 @@ fn unit_to_proto(unit: Option<Unit>) -> ProtoUnit {
     }
 }
 
-fn code_to_proto(code: Code) -> rate_limit_response::Code {
+/// The protocol's code of a decision's.
+pub(crate) fn code_to_proto(code: Code) -> rate_limit_response::Code {
     match code {
         Code::Ok => rate_limit_response::Code::Ok,
         Code::OverLimit => rate_limit_response::Code::OverLimit,
@@ -347,19 +410,44 @@ pub fn response_to_proto(decision: Decision) -> RateLimitResponse {
 }
 
 fn status_to_proto(status: Status) -> DescriptorStatus {
+    let StatusFields {
+        code,
+        limit,
+        remaining,
+        reset,
+    } = status_fields(&status);
     DescriptorStatus {
-        code: code_to_proto(status.code) as i32,
-        current_limit: status.limit.map(|limit| RateLimit {
-            name: limit.name.clone().unwrap_or_default(),
+        code,
+        current_limit: limit.map(|limit| RateLimit {
+            name: limit.name.to_owned(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: reset
+            .map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+        quota: None,
+    }
+}
+
+/// A status as the answer's fields: the one mapping of a status to the protocol, both for the
+/// answer written from the decision and for the response struct built from it.
+pub(crate) fn status_fields(status: &Status) -> StatusFields<'_> {
+    let Status {
+        code,
+        limit,
+        remaining,
+        reset,
+    } = status;
+    StatusFields {
+        code: code_to_proto(*code) as i32,
+        limit: limit.as_deref().map(|limit| LimitFields {
+            name: limit.name.as_deref().unwrap_or_default(),
             requests_per_unit: limit.requests_per_unit,
             unit: unit_to_proto(limit.unit) as i32,
         }),
-        limit_remaining: status.remaining,
-        duration_until_reset: status.reset.map(|d| prost_types::Duration {
-            seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-            nanos: 0,
-        }),
-        quota: None,
+        remaining: *remaining,
+        reset: reset.map(|reset| (i64::try_from(reset.as_secs()).unwrap_or(i64::MAX), 0)),
     }
 }
 

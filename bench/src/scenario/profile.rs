@@ -98,9 +98,10 @@ impl Server {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Part {
-    /// Inside the service's handler (`RateLimitService::should_rate_limit`): for tollgate the
-    /// decision (request conversion, matching, the backend, statistics, the answer), for the
-    /// empty server building its OK.
+    /// Inside the service's handler (the empty server's `RateLimitService::should_rate_limit`,
+    /// tollgate's `ShouldRateLimit` call): for tollgate the decision (matching, the backend,
+    /// statistics), for the empty server building its OK. Both decode and encode in the gRPC
+    /// stack's codec, outside the handler.
     Handler,
     /// In the redis crate (its connection task, system calls included): the Redis exchange.
     RedisClient,
@@ -146,10 +147,12 @@ impl Part {
         let frames: Vec<&str> = stack.split(';').collect();
         let leaf = frames.last().copied().unwrap_or("");
         let in_crate = |names: &[&str]| frames.iter().any(|f| names.contains(&crate_of(f)));
-        if frames
-            .iter()
-            .any(|f| f.contains("RateLimitService>::should_rate_limit"))
-        {
+        // The empty server implements the generated trait; tollgate's service is written by
+        // hand, its handler the `UnaryService` of `rls::ShouldRateLimit`.
+        if frames.iter().any(|f| {
+            f.contains("RateLimitService>::should_rate_limit")
+                || f.starts_with("<tollgate::server::rls::ShouldRateLimit<")
+        }) {
             Part::Handler
         } else if in_crate(&["redis"]) {
             Part::RedisClient
@@ -636,8 +639,9 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          server one after the other, rotating which goes first. While a server is measured, \
          `perf record` samples every thread of its process ({} Hz, DWARF call graphs) and the \
          samples are folded into stacks with inferno. Each sample counts in the first part its \
-         stack is in: the service's *handler* (`should_rate_limit`: tollgate's whole decision, \
-         or the empty server's building of its answer), the *Redis client* (the redis crate's \
+         stack is in: the service's *handler* (`ShouldRateLimit`: tollgate's whole decision, \
+         or the empty server's building of its answer; both decode the request and encode the \
+         answer in the codec, outside it), the *Redis client* (the redis crate's \
          connection task), the *kernel* (a sample that stopped in a system call, an \
          interrupt or the kernel's vDSO clock), the *allocator*, the *gRPC, \
          HTTP/2* stack (tonic, tower, axum, hyper, h2, http, prost, bytes), *tokio* (its \
@@ -715,10 +719,14 @@ mod tests {
     #[test]
     fn a_sample_counts_in_the_first_part_its_stack_is_in() {
         let handler = "tokio-rt-worker;tokio::runtime::task::harness::Harness<T,S>::poll;\
-                       <tollgate::server::rls::RlsService<B> as tollgate::proto::envoy::service::\
-                       ratelimit::v3::rate_limit_service_server::RateLimitService>::\
-                       should_rate_limit::{{closure}};malloc";
+                       <tollgate::server::rls::ShouldRateLimit<B> as tonic::server::service::\
+                       UnaryService<tollgate::descriptor::Request>>::call::{{closure}};malloc";
         assert_eq!(Part::of(handler), Part::Handler);
+        let empty = "tokio-rt-worker;tokio::runtime::task::harness::Harness<T,S>::poll;\
+                     <tollgate_bench::empty::Empty as tollgate::proto::envoy::service::\
+                     ratelimit::v3::rate_limit_service_server::RateLimitService>::\
+                     should_rate_limit::{{closure}};malloc";
+        assert_eq!(Part::of(empty), Part::Handler);
         let redis = "tokio-rt-worker;<redis::aio::multiplexed_connection::PipelineSink<T> as \
                      futures_sink::Sink>::poll_flush;__send;tcp_sendmsg_[k]";
         assert_eq!(Part::of(redis), Part::RedisClient);

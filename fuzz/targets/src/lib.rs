@@ -9,12 +9,16 @@
 //!   through the limiter on the memory backend answers one status per descriptor, never more than
 //!   the limit remaining.
 //! - [`admin_json`]: `POST /json`. Any body answers 200, 429, 400 or 503, never a server error.
+//! - [`rls_request`]: the gRPC service's request decoder, which reads the bytes straight into the
+//!   limiter's request. Any bytes decode to what the generated protobuf code and its conversion
+//!   make of them, or fail with the same error.
 //!
 //! `fuzz/` runs them under libFuzzer (`cargo +nightly fuzz run <target>`); the test suite replays
 //! every input kept in `fuzz/corpus/<target>/` through them on the stable toolchain.
 
 use std::sync::{Arc, OnceLock};
 
+use prost::Message;
 use tollgate::backend::memory::MIN_BUDGET;
 use tollgate::backend::redis::KeySpace;
 use tollgate::backend::{MemoryBackend, Sharded};
@@ -22,19 +26,23 @@ use tollgate::clock::SystemClock;
 use tollgate::config::Config;
 use tollgate::descriptor::{Descriptor, Entry, Request};
 use tollgate::limiter::{Limiter, Settings, limiter_key};
+use tollgate::proto::RateLimitRequest;
 use tollgate::server::App;
 use tollgate::server::admin::answer_json;
 use tollgate::server::health::Health;
+use tollgate::server::rls::request_from_proto;
+use tollgate::server::wire::decode_request;
 use tollgate::window::Algorithm;
 
 /// A fuzz target: any bytes in, a panic on a finding.
 pub type Target = fn(&[u8]);
 
 /// The targets by the names `fuzz/fuzz_targets/` and `fuzz/corpus/` give them.
-pub const TARGETS: [(&str, Target); 3] = [
+pub const TARGETS: [(&str, Target); 4] = [
     ("yaml_config", yaml_config),
     ("descriptor_key", descriptor_key),
     ("admin_json", admin_json),
+    ("rls_request", rls_request),
 ];
 
 /// The policy file loader on any text.
@@ -213,6 +221,15 @@ pub fn admin_json(data: &[u8]) {
         "status {status} for {:?}",
         String::from_utf8_lossy(data)
     );
+}
+
+/// The gRPC request decoder against the generated code on any bytes.
+pub fn rls_request(data: &[u8]) {
+    let direct = decode_request(&mut &data[..]).map_err(|error| error.to_string());
+    let generated = RateLimitRequest::decode(data)
+        .map(request_from_proto)
+        .map_err(|error| error.to_string());
+    assert_eq!(direct, generated);
 }
 
 #[cfg(test)]

@@ -53,3 +53,8 @@ fn descriptor_key() {
 fn admin_json() {
     replay("admin_json");
 }
+
+#[test]
+fn rls_request() {
+    replay("rls_request");
+}
