@@ -473,7 +473,37 @@ fn meta_to_proto(value: MetaValue) -> prost_types::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::MemoryBackend;
+    use crate::backend::memory::MIN_BUDGET;
+    use crate::clock::SystemClock;
+    use crate::config::Config;
+    use crate::limiter::Settings;
     use crate::proto::rate_limit_descriptor::{Entry as ProtoEntry, RateLimitOverride};
+
+    #[tokio::test]
+    async fn other_methods_of_the_service_are_unimplemented() {
+        let backend = MemoryBackend::with_budget(Arc::new(SystemClock), MIN_BUDGET);
+        let limiter = Arc::new(Limiter::new(
+            Arc::new(Config::empty()),
+            backend,
+            Settings::default(),
+        ));
+        let (reporter, _) = tonic_health::server::health_reporter();
+        let health = Health::new(reporter).await;
+        let mut service = RlsService::new(Arc::new(App::new(limiter, health, None)));
+        for path in [
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimitTwice",
+            "/envoy.service.ratelimit.v3.RateLimitService/",
+        ] {
+            let request = http::Request::builder()
+                .uri(path)
+                .body(tonic::body::Body::empty())
+                .unwrap();
+            let response = service.call(request).await.unwrap();
+            let code = response.headers().get("grpc-status").cloned();
+            assert_eq!(code, Some(http::HeaderValue::from_static("12")), "{path}");
+        }
+    }
 
     #[test]
     fn request_conversion_keeps_every_field() {
