@@ -1,4 +1,6 @@
-//! `RateLimitResponse` written by hand, for the answer of every decision.
+//! `RateLimitResponse` written by hand: tollgate's answer to every decision (written from the
+//! decision through [`Writer`]), and any `RateLimitResponse` a service on the generated stubs
+//! answers (the benchmark's empty server), through [`encode`].
 //!
 //! prost encodes a message by first asking its length, which asks the length of every nested
 //! message, and then writes each nested message behind its length, which asks that length again:

@@ -88,8 +88,10 @@ impl<T: Message + 'static> Encoder for StackEncoder<T> {
     }
 }
 
-/// Encodes `item` into `dst`, through a slice on the stack when it fits there. The rate-limit
-/// answer, written at every decision, is written by [`answer::encode`] when it can be.
+/// Encodes `item` into `dst`, through a slice on the stack when it fits there. A
+/// `RateLimitResponse` (answered by a service on the generated stubs, such as the benchmark's
+/// empty server; tollgate's own service writes its answer from the decision) is written by
+/// [`answer::encode`] when it can be.
 fn encode_via_stack<T: Message + 'static>(
     item: &T,
     dst: &mut impl BufMut,
