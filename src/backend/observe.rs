@@ -196,7 +196,7 @@ impl Operation {
 }
 
 /// The latency histograms of one backend's calls, one per operation, each taken from its family
-/// on first use (see [`series`]).
+/// on first use (see `series`).
 #[derive(Debug)]
 pub struct CallLatency {
     backend: &'static str,

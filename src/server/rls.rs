@@ -1,17 +1,19 @@
 //! The Envoy RLS v3 gRPC service: protobuf in, [`Limiter`] decision, protobuf out.
 //!
-//! A call goes `RlsService::should_rate_limit` → [`App::decide`] (timing and metrics) →
-//! [`decide`] ([`request_from_proto`], [`Limiter::should_rate_limit`], [`response_to_proto`]).
-//! The admin `POST /json` endpoint calls [`App::decide`] too, so both answer alike.
+//! A gRPC call goes [`RlsService`] (its bytes decoded into a [`Request`] by
+//! [`RlsCodec`]) → `App::decide_since` (timing, span, metrics, [`Limiter::should_rate_limit`])
+//! → the [`Decision`], which the codec writes as the answer. The admin `POST /json` endpoint
+//! calls [`App::decide`], the same path between the protobuf structs ([`request_from_proto`],
+//! [`response_to_proto`]), so both answer alike; [`decide`] is that conversion without the
+//! metrics.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use prost_types::value::Kind;
-use std::convert::Infallible;
-use std::task::{Context, Poll};
-
 use tonic::codegen::{BoxFuture, Service, StdError, http};
 use tonic::server::{NamedService, UnaryService};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
@@ -24,7 +26,7 @@ use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 use crate::limiter::{Code, Decision, Limiter, LimiterError, Status};
 use crate::proto::answer::{LimitFields, StatusFields};
 use crate::proto::{
-    HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
+    self, HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
     rate_limit_response::{self, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit},
 };
 use crate::telemetry::{self, Headers, NoHeaders};
@@ -137,7 +139,7 @@ impl<B> Clone for RlsService<B> {
 }
 
 impl<B> NamedService for RlsService<B> {
-    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+    const NAME: &'static str = proto::rate_limit_service_server::SERVICE_NAME;
 }
 
 impl<B, Body> Service<http::Request<Body>> for RlsService<B>
