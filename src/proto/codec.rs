@@ -68,9 +68,9 @@ where
 ///
 /// prost writes a message a field at a time, a tag and a varint per call, and tonic's buffer
 /// checks its capacity on each: an answer of one status took two dozen such calls. A plain
-/// slice takes each write as a store. A message larger than `STACK_ENCODE_BYTES` (512 bytes) is refused
-/// by the slice before anything is written (prost checks the length first) and is encoded into
-/// tonic's buffer directly, as tonic's own encoder does.
+/// slice takes each write as a store. A message larger than `STACK_ENCODE_BYTES` (512 bytes)
+/// is refused by the slice before anything is written (prost checks the length first) and is
+/// encoded into tonic's buffer directly, as tonic's own encoder does.
 #[derive(Debug)]
 pub struct StackEncoder<T>(PhantomData<T>);
 
