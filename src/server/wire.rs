@@ -5,8 +5,10 @@
 //! The generated structs were built only to be taken apart again: every call decoded a
 //! `RateLimitRequest`, converted it into the limiter's request (a new list per descriptor),
 //! converted the decision into a `RateLimitResponse` (a list of statuses, a copy of each
-//! limit's name) and encoded that. The bytes read and written here are the generated code's:
-//! the tests decode and encode every message both ways and compare, errors included.
+//! limit's name) and encoded that. What is read and written here is what the generated code
+//! reads and writes: the tests decode every request (damaged ones and arbitrary bytes too) both
+//! here and through the generated code and compare, error messages included, and compare every
+//! answer written here with prost's bytes for the response the `/json` path builds.
 
 use prost::Message;
 use prost::bytes::{Buf, BufMut};
@@ -480,6 +482,30 @@ mod tests {
                 unit: Some(Unit::Minute)
             })
         );
+    }
+
+    #[test]
+    fn an_answer_too_large_for_the_stack_is_left_to_prost() {
+        let status = Status {
+            code: Code::Ok,
+            limit: Some(limit(Some("per user".into()), 1_000_000, Some(Unit::Hour))),
+            remaining: 999_999,
+            reset: Some(Duration::from_secs(3_600)),
+        };
+        let decision = Decision {
+            overall: Code::Ok,
+            statuses: vec![status; 40],
+            response_headers: Vec::new(),
+            dynamic_metadata: None,
+            reports: Vec::new(),
+            shadowed: false,
+        };
+        let expected = response_to_proto(decision.clone()).encode_to_vec();
+        assert!(expected.len() > 512, "{} bytes", expected.len());
+        let mut dst = prost::bytes::BytesMut::from(&b"prefix"[..]);
+        encode_decision(decision, &mut dst).unwrap();
+        assert_eq!(&dst[..6], b"prefix");
+        assert_eq!(&dst[6..], &expected[..]);
     }
 
     #[test]
