@@ -292,15 +292,16 @@ fn duration_len((seconds, nanos): (i64, i32)) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use proptest::prelude::*;
     use prost::Message;
 
     use super::*;
     use crate::proto::rate_limit_response::Quota;
 
-    /// Numbers at every varint length boundary, negatives and the extremes.
-    fn edge_i64() -> impl Strategy<Value = i64> {
+    /// Numbers at every varint length boundary, negatives and the extremes (also the numbers of
+    /// the RLS request's and decision's tests in `server::wire`).
+    pub(crate) fn edge_i64() -> impl Strategy<Value = i64> {
         prop_oneof![
             Just(0i64),
             Just(1),
@@ -374,15 +375,24 @@ mod tests {
         /// for it is refused rather than cut short.
         #[test]
         fn writes_what_prost_writes(answer in answer()) {
-            let expected = answer.encode_to_vec();
-            let mut out = vec![0u8; 4096];
-            let written = encode(&answer, &mut out);
-            prop_assert_eq!(written.map(|n| &out[..n]), Some(&expected[..]));
-            if !expected.is_empty() {
-                let mut short = vec![0u8; expected.len() - 1];
-                prop_assert_eq!(encode(&answer, &mut short), None);
-            }
+            writes_exactly(&answer.encode_to_vec(), |out| encode(&answer, out))?;
         }
+    }
+
+    /// Checks that `write` puts `expected` at the start of a large output, and refuses an
+    /// output one byte too small rather than cutting the message short.
+    pub(crate) fn writes_exactly(
+        expected: &[u8],
+        write: impl Fn(&mut [u8]) -> Option<usize>,
+    ) -> Result<(), TestCaseError> {
+        let mut out = vec![0u8; 8192];
+        let written = write(&mut out);
+        prop_assert_eq!(written.map(|n| &out[..n]), Some(expected));
+        if !expected.is_empty() {
+            let mut short = vec![0u8; expected.len() - 1];
+            prop_assert_eq!(write(&mut short), None);
+        }
+        Ok(())
     }
 
     #[test]

@@ -79,13 +79,17 @@ impl<T: Message + 'static> Encoder for StackEncoder<T> {
     type Error = Status;
 
     fn encode(&mut self, item: T, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        encode_via_stack(&item, dst)
-            .map_err(|error| Status::internal(format!("encoding the message: {error}")))
+        encode_via_stack(&item, dst).map_err(encode_failed)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
         buffers()
     }
+}
+
+/// The status of a message that could not be encoded, for every encoder here.
+pub fn encode_failed(error: EncodeError) -> Status {
+    Status::internal(format!("encoding the message: {error}"))
 }
 
 /// Encodes `item` into `dst`, through a slice on the stack when it fits there. A
