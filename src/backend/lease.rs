@@ -30,14 +30,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use futures_util::future::join_all;
+use futures_util::future::{Either, join_all};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
 use crate::clock::Clock;
 use crate::window::{Algorithm, Cost, Counting, Verdict};
 
-use super::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, SustainedFailure};
+use super::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, SustainedFailure};
 
 /// The longest lease, in milliseconds. Short against every window (at least one second), and
 /// below the margin the Redis scripts keep keys alive beyond their newest entry.
@@ -419,11 +419,9 @@ impl<B: Backend> Leased<B> {
     }
 }
 
-impl<B: Backend> Backend for Leased<B> {
-    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
-        if !self.enabled || hits.iter().all(|hit| leased_cost(hit).is_none()) {
-            return self.inner.acquire(hits).await;
-        }
+impl<B: Backend> Leased<B> {
+    /// Answers the leased hits from slices and asks the inner backend for the others, at once.
+    async fn acquire_leased(&self, hits: &[Hit]) -> Results {
         let (leased, direct): (Vec<usize>, Vec<usize>) =
             (0..hits.len()).partition(|&index| leased_cost(&hits[index]).is_some());
         let direct_hits: Vec<Hit> = direct
@@ -463,6 +461,18 @@ impl<B: Backend> Backend for Leased<B> {
                 })
             })
             .collect()
+    }
+}
+
+impl<B: Backend> Backend for Leased<B> {
+    /// A batch without a leased hit is the inner backend's own future, so the decision above
+    /// carries and moves no more than it; lease work lives in a box of its own.
+    fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send {
+        if self.enabled && hits.iter().any(|hit| leased_cost(hit).is_some()) {
+            Either::Right(Box::pin(self.acquire_leased(hits)))
+        } else {
+            Either::Left(self.inner.acquire(hits))
+        }
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {

@@ -44,13 +44,14 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use futures_util::future::Either;
 use hashbrown::HashTable;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::backend::{
-    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, ShardKeys, SustainedFailure,
+    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
 };
 use crate::clock::Clock;
 use crate::window::{self, Algorithm, Cost, Verdict};
@@ -521,13 +522,10 @@ fn lock(stripe: &Mutex<Stripe>) -> MutexGuard<'_, Stripe> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl<B: Backend> Backend for LocalCache<B> {
+impl<B: Backend> LocalCache<B> {
     /// Hits with a live cached refusal are answered here; the rest go to the inner backend in one
     /// call, and its refusals are remembered.
-    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
-        if self.stripe_budget == 0 {
-            return self.inner.acquire(hits).await;
-        }
+    async fn acquire_cached(&self, hits: &[Hit]) -> Results {
         // The backend decides at or after this reading, so a refusal it answers holds at least
         // from here: stored from an earlier instant, an entry can only end sooner than it must.
         let now_ms = self.clock.now_ms();
@@ -584,6 +582,18 @@ impl<B: Backend> Backend for LocalCache<B> {
                 }),
             })
             .collect()
+    }
+}
+
+impl<B: Backend> Backend for LocalCache<B> {
+    /// With the cache off, the inner backend's own future, adding nothing to what every layer
+    /// above carries.
+    fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send {
+        if self.stripe_budget == 0 {
+            Either::Left(self.inner.acquire(hits))
+        } else {
+            Either::Right(self.acquire_cached(hits))
+        }
     }
 
     /// Drops the entries of the refunded windows, before the refund and again once it is in the

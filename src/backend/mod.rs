@@ -13,6 +13,8 @@ pub mod shard;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use futures_util::future::Either;
+
 use crate::window::{Algorithm, Cost, Counting, Verdict};
 
 pub use local_cache::LocalCache;
@@ -121,14 +123,14 @@ pub struct SustainedFailure {
     pub error: String,
 }
 
+/// What [`Backend::acquire`] answers: one result per hit, in order.
+pub type Results = Vec<Result<Outcome, BackendError>>;
+
 /// A store that decides hits against sliding windows.
 pub trait Backend: Send + Sync + 'static {
     /// Charges each hit against its window and answers one result per hit, in order. Each hit is
     /// atomic on its own; hits of different limiters may go to different nodes concurrently.
-    fn acquire(
-        &self,
-        hits: &[Hit],
-    ) -> impl Future<Output = Vec<Result<Outcome, BackendError>>> + Send;
+    fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send;
 
     /// Gives back the charges named by `receipts` (best effort: a window that has since moved on
     /// simply loses the refund).
@@ -198,13 +200,14 @@ pub enum AnyBackend {
 // The Redis futures are boxed: a future of an enum is as large as its largest arm, and the Redis
 // arms hold a connection checkout and a pipeline (about 2 KB), which every decorator above and
 // every memory decision would otherwise carry and move at each await. A Redis call pays one
-// allocation beside its network round trip; a memory decision pays nothing.
+// allocation beside its network round trip; a memory decision pays nothing, and `acquire`
+// answers the memory backend's own future rather than one awaiting it.
 impl Backend for AnyBackend {
-    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+    fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send {
         match self {
-            AnyBackend::Memory(b) => b.acquire(hits).await,
-            AnyBackend::Redis(b) => Box::pin(b.acquire(hits)).await,
-            AnyBackend::Cluster(b) => Box::pin(b.acquire(hits)).await,
+            AnyBackend::Memory(b) => Either::Left(b.acquire(hits)),
+            AnyBackend::Redis(b) => Either::Right(Either::Left(Box::pin(b.acquire(hits)))),
+            AnyBackend::Cluster(b) => Either::Right(Either::Right(Box::pin(b.acquire(hits)))),
         }
     }
 
@@ -256,5 +259,52 @@ impl ShardKeys for AnyBackend {
             AnyBackend::Redis(b) => b.shard_key(key, shard, shards),
             AnyBackend::Cluster(b) => b.shard_key(key, shard, shards),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of_val;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::SystemClock;
+
+    // Every decision carries the stack's future and moves it at each await. A decorator with
+    // nothing to do for a batch answers its inner backend's own future, and keeps the work of a
+    // batch it does act on in a box, so a layer adds no more than its variant's tag: the stack is
+    // only as large as the cache's future, the one layer that keeps state across the call.
+    #[test]
+    fn pass_through_layers_add_only_a_tag_to_the_future() {
+        const TAGS: usize = 8;
+        let hits: Vec<Hit> = Vec::new();
+        let memory = || AnyBackend::Memory(MemoryBackend::new());
+        let any = memory();
+        let per_second = PerSecond::new(memory(), None);
+        let cached = LocalCache::new(
+            PerSecond::new(memory(), None),
+            Arc::new(SystemClock),
+            1 << 20,
+        );
+        let whole = stack(memory(), None, Arc::new(SystemClock), 1 << 20, true);
+        let memory_backend = MemoryBackend::new();
+
+        let memory_future = size_of_val(&memory_backend.acquire(&hits));
+        let any_future = size_of_val(&any.acquire(&hits));
+        let per_second_future = size_of_val(&per_second.acquire(&hits));
+        let cached_future = size_of_val(&cached.acquire(&hits));
+        let whole_future = size_of_val(&whole.acquire(&hits));
+        assert!(
+            any_future <= memory_future + TAGS,
+            "{any_future} > {memory_future}"
+        );
+        assert!(
+            per_second_future <= any_future + TAGS,
+            "{per_second_future} > {any_future}"
+        );
+        assert!(
+            whole_future <= cached_future + 2 * TAGS,
+            "{whole_future} > {cached_future}"
+        );
     }
 }

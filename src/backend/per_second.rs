@@ -3,8 +3,10 @@
 //! limits are the busiest and the shortest-lived, so a deployment may give them a Redis of their
 //! own.
 
+use futures_util::future::Either;
+
 use crate::backend::{
-    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, ShardKeys, SustainedFailure,
+    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
 };
 
 /// The window, in milliseconds, whose limits go to the per-second backend.
@@ -32,11 +34,9 @@ impl<B> PerSecond<B> {
     }
 }
 
-impl<B: Backend> Backend for PerSecond<B> {
-    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
-        let Some(per_second) = &self.per_second else {
-            return self.main.acquire(hits).await;
-        };
+impl<B: Backend> PerSecond<B> {
+    /// Splits `hits` between the two backends, asks both at once and answers in `hits`' order.
+    async fn acquire_split(&self, per_second: &B, hits: &[Hit]) -> Results {
         type Indexed<'h> = Vec<(usize, &'h Hit)>;
         let (fast, slow): (Indexed<'_>, Indexed<'_>) = hits
             .iter()
@@ -70,6 +70,17 @@ impl<B: Backend> Backend for PerSecond<B> {
                     .unwrap_or_else(|| Err(BackendError::Protocol("a hit went unanswered".into())))
             })
             .collect()
+    }
+}
+
+impl<B: Backend> Backend for PerSecond<B> {
+    /// Without a per-second backend, the main one's own future: nothing to split, and nothing
+    /// added to the future every layer above carries.
+    fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send {
+        match &self.per_second {
+            None => Either::Left(self.main.acquire(hits)),
+            Some(per_second) => Either::Right(Box::pin(self.acquire_split(per_second, hits))),
+        }
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {

@@ -20,7 +20,11 @@
 
 use std::fmt::Write as _;
 
-use crate::backend::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, SustainedFailure};
+use futures_util::future::Either;
+
+use crate::backend::{
+    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, SustainedFailure,
+};
 use crate::window::{self, Cost, Counting};
 
 /// Names the windows of a sharded limit in a backend's key space.
@@ -169,14 +173,10 @@ fn answer_each(
     results
 }
 
-impl<B: Backend + ShardKeys> Backend for Sharded<B> {
+impl<B: Backend + ShardKeys> Sharded<B> {
     /// One inner call for the first choices of every hit (unsharded hits included), then, only if
     /// some sharded hit was refused, one more for all the retries.
-    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
-        if !hits.iter().any(is_sharded) {
-            return self.inner.acquire(hits).await;
-        }
-
+    async fn acquire_sharded(&self, hits: &[Hit]) -> Results {
         let mut chosen: Vec<Option<u16>> = Vec::with_capacity(hits.len());
         let mut inner_hits: Vec<Hit> = Vec::with_capacity(hits.len());
         for hit in hits {
@@ -232,6 +232,18 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
             }
         }
         results
+    }
+}
+
+impl<B: Backend + ShardKeys> Backend for Sharded<B> {
+    /// A batch without a sharded hit is the inner backend's own future, so every layer above
+    /// carries and moves no more than it; the sharded work lives in a box of its own.
+    fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send {
+        if hits.iter().any(is_sharded) {
+            Either::Right(Box::pin(self.acquire_sharded(hits)))
+        } else {
+            Either::Left(self.inner.acquire(hits))
+        }
     }
 
     /// Receipts already name the shard window they charged, so they go straight to the inner

@@ -227,7 +227,7 @@ pub fn backend_call<T, F: Future<Output = T>>(
     // Not an `async fn`: one awaiting the future it is handed holds it twice in its state (as
     // the argument and as the future awaited), and every decision's future would carry the
     // backend's call twice over. The call is made here, not handed in made, so that its future
-    // (a kilobyte on the memory backend) is built where it is returned, not copied there.
+    // (hundreds of bytes on the memory backend) is built where it is returned, not copied there.
     match span {
         None => Either::Left(call()),
         Some(mut span) => Either::Right(call().inspect(move |result| {
