@@ -35,7 +35,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt};
+use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, Results};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use crate::telemetry::{self, CallOutcome};
@@ -273,6 +273,17 @@ enum Plan {
     },
 }
 
+/// A request's statuses and reports as the backend's verdicts make them, before a rejected
+/// request gives its charges back.
+struct Verdicts {
+    statuses: Vec<Status>,
+    reports: Vec<LimitReport>,
+    /// Over a plain limit, or over every quota limit.
+    rejected: bool,
+    /// The longest wait of the limits over, in seconds, for `retry-after`.
+    retry_after: Option<u64>,
+}
+
 impl<B: Backend> Limiter<B> {
     /// A limiter over `backend`, starting with `config`.
     pub fn new(config: Arc<Config>, backend: B, settings: Settings) -> Self {
@@ -330,7 +341,7 @@ impl<B: Backend> Limiter<B> {
                 .collect();
             (plans, metadata_sources)
         };
-        let results = if hits.is_empty() {
+        let mut results = if hits.is_empty() {
             Vec::new()
         } else {
             telemetry::backend_call(
@@ -341,7 +352,13 @@ impl<B: Backend> Limiter<B> {
             )
             .await
         };
-        Ok(self.finish(request, plans, results, metadata_sources).await)
+        let mut verdicts = self.verdicts(request, &plans, &results);
+        if verdicts.rejected {
+            // Boxed: only a rejection gives charges back, and the release call's future would
+            // otherwise widen the state of every decision.
+            Box::pin(self.give_back(&plans, &mut results, &mut verdicts.statuses)).await;
+        }
+        Ok(self.conclude(request, &plans, verdicts, &metadata_sources))
     }
 
     /// The limit of each descriptor and the counter it charges: the descriptor's own `limit`
@@ -446,15 +463,9 @@ impl<B: Backend> Limiter<B> {
         plans
     }
 
-    /// Combines the verdicts into statuses and the overall code, releasing the charges a rejected
-    /// request took from limits that count admitted hits only.
-    async fn finish(
-        &self,
-        request: &Request,
-        plans: Plans,
-        mut results: Vec<Result<Outcome, BackendError>>,
-        metadata_sources: Vec<(usize, MetaValue)>,
-    ) -> Decision {
+    /// Combines the backend's verdicts into one status per descriptor and one report per charged
+    /// limit, and tells whether the request is rejected. Nothing is given back yet.
+    fn verdicts(&self, request: &Request, plans: &Plans, results: &Results) -> Verdicts {
         let mut statuses = Vec::with_capacity(plans.len());
         let mut rate_limits_over = 0usize;
         let (mut quota_total, mut quota_over) = (0usize, 0usize);
@@ -566,51 +577,76 @@ impl<B: Backend> Limiter<B> {
 
         // As in envoyproxy/ratelimit: any plain limit over, or every quota limit over.
         let rejected = rate_limits_over > 0 || (quota_total > 0 && quota_total == quota_over);
-        if rejected {
-            // The charges of limits that count admitted hits only go back; each by its status.
-            let receipts: Vec<(usize, Receipt)> = plans
-                .iter()
-                .enumerate()
-                .filter_map(|(status, plan)| match plan {
-                    Plan::Limited {
-                        hit,
-                        counting: Counting::Admitted,
-                        ..
-                    } => {
-                        let outcome = results.get_mut(*hit)?.as_mut().ok()?;
-                        Some((status, outcome.receipt.take()?))
-                    }
-                    _ => None,
-                })
-                .collect();
-            if !receipts.is_empty() {
-                let given_back: Vec<Receipt> = receipts
-                    .iter()
-                    .map(|(_, receipt)| receipt.clone())
-                    .collect();
-                // Failing to give back only errs on the strict side (fewer admissions later);
-                // the backend logs it, and the statuses keep what was true before.
-                let released = telemetry::backend_call(
-                    "release",
-                    given_back.len(),
-                    || self.backend.release(&given_back),
-                    |result| match result {
-                        Ok(()) => CallOutcome::Ok,
-                        Err(_) => CallOutcome::Error,
-                    },
-                )
-                .await;
-                if released.is_ok() {
-                    for (status, receipt) in receipts {
-                        if let Some(status) = statuses.get_mut(status) {
-                            status.remaining =
-                                u32::try_from(receipt.released_remaining).unwrap_or(u32::MAX);
-                        }
-                    }
+        Verdicts {
+            statuses,
+            reports,
+            rejected,
+            retry_after,
+        }
+    }
+
+    /// Gives back the charges a rejected request took from limits that count admitted hits
+    /// only; each status then reports what its limit has left.
+    async fn give_back(&self, plans: &Plans, results: &mut Results, statuses: &mut [Status]) {
+        let receipts: Vec<(usize, Receipt)> = plans
+            .iter()
+            .enumerate()
+            .filter_map(|(status, plan)| match plan {
+                Plan::Limited {
+                    hit,
+                    counting: Counting::Admitted,
+                    ..
+                } => {
+                    let outcome = results.get_mut(*hit)?.as_mut().ok()?;
+                    Some((status, outcome.receipt.take()?))
+                }
+                _ => None,
+            })
+            .collect();
+        if receipts.is_empty() {
+            return;
+        }
+        let given_back: Vec<Receipt> = receipts
+            .iter()
+            .map(|(_, receipt)| receipt.clone())
+            .collect();
+        // Failing to give back only errs on the strict side (fewer admissions later); the
+        // backend logs it, and the statuses keep what was true before.
+        let released = telemetry::backend_call(
+            "release",
+            given_back.len(),
+            || self.backend.release(&given_back),
+            |result| match result {
+                Ok(()) => CallOutcome::Ok,
+                Err(_) => CallOutcome::Error,
+            },
+        )
+        .await;
+        if released.is_ok() {
+            for (status, receipt) in receipts {
+                if let Some(status) = statuses.get_mut(status) {
+                    status.remaining =
+                        u32::try_from(receipt.released_remaining).unwrap_or(u32::MAX);
                 }
             }
         }
+    }
 
+    /// The decision of a request whose charges are settled: its overall code, the headers for
+    /// Envoy and the dynamic metadata.
+    fn conclude(
+        &self,
+        request: &Request,
+        plans: &Plans,
+        verdicts: Verdicts,
+        metadata_sources: &[(usize, MetaValue)],
+    ) -> Decision {
+        let Verdicts {
+            statuses,
+            reports,
+            rejected,
+            retry_after,
+        } = verdicts;
         let overall = if rejected && !self.settings.shadow_mode {
             Code::OverLimit
         } else {
