@@ -35,19 +35,14 @@ impl<B> PerSecond<B> {
 }
 
 impl<B: Backend> PerSecond<B> {
-    /// Splits `hits` between the two backends, asks both at once and answers in `hits`' order.
+    /// Splits `hits`, which hold both one-second windows and others, between the two backends,
+    /// asks both at once and answers in `hits`' order.
     async fn acquire_split(&self, per_second: &B, hits: &[Hit]) -> Results {
         type Indexed<'h> = Vec<(usize, &'h Hit)>;
         let (fast, slow): (Indexed<'_>, Indexed<'_>) = hits
             .iter()
             .enumerate()
             .partition(|(_, hit)| hit.window_ms == ONE_SECOND_MS);
-        if slow.is_empty() {
-            return per_second.acquire(hits).await;
-        }
-        if fast.is_empty() {
-            return self.main.acquire(hits).await;
-        }
         let fast_hits: Vec<Hit> = fast.iter().map(|(_, hit)| (*hit).clone()).collect();
         let slow_hits: Vec<Hit> = slow.iter().map(|(_, hit)| (*hit).clone()).collect();
         let (fast_results, slow_results) = futures_util::future::join(
@@ -74,12 +69,23 @@ impl<B: Backend> PerSecond<B> {
 }
 
 impl<B: Backend> Backend for PerSecond<B> {
-    /// Without a per-second backend, the main one's own future: nothing to split, and nothing
-    /// added to the future every layer above carries.
+    /// A batch for one backend, the usual case, is that backend's own future, adding nothing to
+    /// the future every layer above carries; a batch that mixes one-second windows with others
+    /// is split, in a box.
     fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send {
-        match &self.per_second {
-            None => Either::Left(self.main.acquire(hits)),
-            Some(per_second) => Either::Right(Box::pin(self.acquire_split(per_second, hits))),
+        let Some(per_second) = &self.per_second else {
+            return Either::Left(self.main.acquire(hits));
+        };
+        let fast = hits
+            .iter()
+            .filter(|hit| hit.window_ms == ONE_SECOND_MS)
+            .count();
+        if fast == 0 {
+            Either::Left(self.main.acquire(hits))
+        } else if fast == hits.len() {
+            Either::Left(per_second.acquire(hits))
+        } else {
+            Either::Right(Box::pin(self.acquire_split(per_second, hits)))
         }
     }
 
@@ -180,28 +186,41 @@ mod tests {
         }
     }
 
+    fn admitted(results: &Results) -> Vec<bool> {
+        results
+            .iter()
+            .map(|r| r.as_ref().is_ok_and(|o| o.verdict.admitted))
+            .collect()
+    }
+
     #[tokio::test]
     async fn one_second_windows_go_to_their_own_store_in_request_order() {
         let split = PerSecond::new(MemoryBackend::new(), Some(MemoryBackend::new()));
         let hits = [hit("a", 60_000), hit("b", 1000), hit("c", 60_000)];
-        let first = split.acquire(&hits).await;
-        assert!(
-            first
-                .iter()
-                .all(|r| r.as_ref().is_ok_and(|o| o.verdict.admitted))
-        );
+        assert_eq!(admitted(&split.acquire(&hits).await), [true, true, true]);
         // Each store now holds only its own windows: the per-second one knows `b` alone.
-        let again = split.per_second.as_ref().unwrap().acquire(&hits).await;
-        let admitted: Vec<bool> = again
-            .iter()
-            .map(|r| r.as_ref().is_ok_and(|o| o.verdict.admitted))
-            .collect();
-        assert_eq!(admitted, [true, false, true]);
-        let main = split.main.acquire(&hits).await;
-        let admitted: Vec<bool> = main
-            .iter()
-            .map(|r| r.as_ref().is_ok_and(|o| o.verdict.admitted))
-            .collect();
-        assert_eq!(admitted, [false, true, false]);
+        let per_second = split.per_second.as_ref().unwrap();
+        assert_eq!(
+            admitted(&per_second.acquire(&hits).await),
+            [true, false, true]
+        );
+        assert_eq!(
+            admitted(&split.main.acquire(&hits).await),
+            [false, true, false]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_for_one_store_goes_to_that_store_alone() {
+        let split = PerSecond::new(MemoryBackend::new(), Some(MemoryBackend::new()));
+        let fast = [hit("a", 1000), hit("b", 1000)];
+        let slow = [hit("c", 60_000)];
+        assert_eq!(admitted(&split.acquire(&fast).await), [true, true]);
+        assert_eq!(admitted(&split.acquire(&slow).await), [true]);
+        let per_second = split.per_second.as_ref().unwrap();
+        assert_eq!(admitted(&per_second.acquire(&fast).await), [false, false]);
+        assert_eq!(admitted(&per_second.acquire(&slow).await), [true]);
+        assert_eq!(admitted(&split.main.acquire(&fast).await), [true, true]);
+        assert_eq!(admitted(&split.main.acquire(&slow).await), [false]);
     }
 }
