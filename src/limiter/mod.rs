@@ -354,9 +354,12 @@ impl<B: Backend> Limiter<B> {
         };
         let mut verdicts = self.verdicts(request, &plans, &results);
         if verdicts.rejected {
-            // Boxed: only a rejection gives charges back, and the release call's future would
-            // otherwise widen the state of every decision.
-            Box::pin(self.give_back(&plans, &mut results, &mut verdicts.statuses)).await;
+            let receipts = refundable(&plans, &mut results);
+            if !receipts.is_empty() {
+                // Boxed: only a rejection with charges to return awaits a release, and its
+                // future would otherwise widen the state of every decision.
+                Box::pin(self.give_back(receipts, &mut verdicts.statuses)).await;
+            }
         }
         Ok(self.conclude(request, &plans, verdicts, &metadata_sources))
     }
@@ -585,27 +588,9 @@ impl<B: Backend> Limiter<B> {
         }
     }
 
-    /// Gives back the charges a rejected request took from limits that count admitted hits
-    /// only; each status then reports what its limit has left.
-    async fn give_back(&self, plans: &Plans, results: &mut Results, statuses: &mut [Status]) {
-        let receipts: Vec<(usize, Receipt)> = plans
-            .iter()
-            .enumerate()
-            .filter_map(|(status, plan)| match plan {
-                Plan::Limited {
-                    hit,
-                    counting: Counting::Admitted,
-                    ..
-                } => {
-                    let outcome = results.get_mut(*hit)?.as_mut().ok()?;
-                    Some((status, outcome.receipt.take()?))
-                }
-                _ => None,
-            })
-            .collect();
-        if receipts.is_empty() {
-            return;
-        }
+    /// Gives back the charges of a rejected request, `receipts` by status index; each status
+    /// then reports what its limit has left.
+    async fn give_back(&self, receipts: Vec<(usize, Receipt)>, statuses: &mut [Status]) {
         let given_back: Vec<Receipt> = receipts
             .iter()
             .map(|(_, receipt)| receipt.clone())
@@ -692,6 +677,26 @@ impl<B: Backend> Limiter<B> {
             shadowed: rejected && self.settings.shadow_mode,
         }
     }
+}
+
+/// The charges a rejected request gives back, taken out of `results`, by status index: those
+/// of limits that count admitted hits only.
+fn refundable(plans: &Plans, results: &mut Results) -> Vec<(usize, Receipt)> {
+    plans
+        .iter()
+        .enumerate()
+        .filter_map(|(status, plan)| match plan {
+            Plan::Limited {
+                hit,
+                counting: Counting::Admitted,
+                ..
+            } => {
+                let outcome = results.get_mut(*hit)?.as_mut().ok()?;
+                Some((status, outcome.receipt.take()?))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The status the RateLimit headers describe, chosen as envoyproxy/ratelimit chooses it: among
