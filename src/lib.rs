@@ -26,11 +26,13 @@
 //! 2. **Limiter**, `src/limiter/mod.rs`. [`Limiter::should_rate_limit`] checks the protocol's
 //!    bounds (`validate`), loads **one config snapshot** for the whole request, resolves each
 //!    descriptor to its limit (`Limiter::resolve`: the descriptor's own `limit` override, else
-//!    [`Domain::resolve`] in `src/config/domain.rs`) and the counter it charges
-//!    ([`limiter_key`]), applies `replaces` and `unlimited` and makes one [`Hit`] per limit left
-//!    (`Limiter::plan`), asks the backend once ([`Backend::acquire`]), and turns the verdicts
-//!    into statuses, the overall code, `retry-after` and metadata (`Limiter::finish`), giving back
-//!    what a rejected request took ([`Backend::release`]).
+//!    [`Domain::resolve`] in `src/config/domain.rs`) and the identity of the counter it charges
+//!    (`src/counter_key.rs`: the domain builds it from pieces escaped when the config was built,
+//!    an override with [`limiter_key`]), applies `replaces` and `unlimited` and makes one [`Hit`]
+//!    per limit left (`Limiter::plan`), asks the backend once ([`Backend::acquire`]), turns the
+//!    verdicts into statuses, the overall code and `retry-after` (`Limiter::verdicts`), gives
+//!    back what a rejected request took ([`Backend::release`], `Limiter::give_back`) and adds the
+//!    metadata (`Limiter::conclude`).
 //! 3. **Hot-key sharding**, `src/backend/shard.rs`. [`Sharded::acquire`] passes a batch without
 //!    sharded hits straight through; a hit of a limit with `shards: N` goes to one random shard
 //!    window (and, if that one is full, to one other).
@@ -91,6 +93,7 @@ mod allocator;
 pub mod backend;
 pub mod clock;
 pub mod config;
+mod counter_key;
 pub mod descriptor;
 pub mod limiter;
 pub mod proto;

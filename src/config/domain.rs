@@ -7,13 +7,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::{Limit, LookupMap, Matched, MetaValue};
+use crate::counter_key;
 use crate::descriptor::Entry;
 
 /// One domain's descriptor tree and limits, as the rules built it.
 #[derive(Debug)]
 pub struct Domain {
     name: String,
+    /// The escaped name that starts every counter identity of the domain.
+    key_part: Box<str>,
     file: PathBuf,
     tree: Level,
     /// This domain's limits, sorted by `full_key`.
@@ -31,6 +36,7 @@ impl Domain {
     ) -> Self {
         limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
         Domain {
+            key_part: counter_key::domain_part(&name),
             name,
             file,
             tree,
@@ -53,7 +59,12 @@ impl Domain {
     /// The rules have checked that no top-level descriptor is declared twice.
     pub(super) fn merge(&mut self, tree: Level, limits: Vec<Arc<Limit>>) {
         for (key, nodes) in tree {
-            self.tree.entry(key).or_default().append(nodes);
+            match self.tree.get_mut(&key) {
+                Some(ours) => ours.append(nodes),
+                None => {
+                    self.tree.insert(key, nodes);
+                }
+            }
         }
         self.limits.extend(limits);
         self.limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
@@ -79,6 +90,8 @@ impl Domain {
         // Levels matched by a key-only node, as bits (the limiter allows 32 entries; deeper
         // levels could only be wrong in a metric key, never in a decision).
         let mut key_only = 0u64;
+        // Each level's piece of the counter identity, and whether the request's value follows.
+        let mut key_parts: SmallVec<[(&'a str, bool); 4]> = SmallVec::new();
         for (index, entry) in entries.iter().enumerate() {
             let candidates = level.get(entry.key.as_str())?;
             let (node, wildcard) = if let Some(&node) = candidates.exact.get(entry.value.as_str()) {
@@ -96,10 +109,14 @@ impl Domain {
                 (candidates.key_only?, None)
             };
             let node = candidates.nodes.get(node)?;
-            if let Some(pattern) = wildcard {
-                if node.share_threshold {
+            match wildcard {
+                Some(pattern) if node.share_threshold => {
                     shared.push((index, pattern.as_str()));
+                    key_parts.push((&node.shared_key_part, false));
                 }
+                _ => key_parts.push((&candidates.key_part, true)),
+            }
+            if let Some(pattern) = wildcard {
                 marks.push((
                     index,
                     Mark::Wildcard {
@@ -114,6 +131,12 @@ impl Domain {
             if index == last {
                 return node.limit.as_ref().map(|limit| Matched {
                     metric_key: metric_key(&self.name, entries, limit, &marks, key_only),
+                    // An unlimited limit is never charged, so it needs no counter.
+                    counter_key: if limit.unlimited {
+                        String::new()
+                    } else {
+                        counter_key::assemble(&self.key_part, &key_parts, entries, &node.key_suffix)
+                    },
                     limit,
                     shared,
                     metadata: node.metadata.as_ref(),
@@ -234,8 +257,10 @@ fn metric_key(
 pub(super) type Level = LookupMap<String, KeyNodes>;
 
 /// Every node declared with one key at one level.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct KeyNodes {
+    /// The level's piece of a counter identity when the request's value follows it (`|key=`).
+    key_part: Box<str>,
     /// The nodes, in config order; the fields below index into it.
     nodes: Vec<TreeNode>,
     /// Nodes by their literal `value` (wildcard values included, as the reference also matches
@@ -248,6 +273,17 @@ pub(super) struct KeyNodes {
 }
 
 impl KeyNodes {
+    /// No nodes yet, for descriptor key `key`.
+    pub fn new(key: &str) -> Self {
+        KeyNodes {
+            key_part: counter_key::level_part(key, None),
+            nodes: Vec::new(),
+            exact: LookupMap::default(),
+            wildcards: Vec::new(),
+            key_only: None,
+        }
+    }
+
     /// Adds a node declared with `value` (empty for key-only), indexing it for lookups; `pattern`
     /// is `value`'s wildcard pattern, if it has one. A later node with the same value takes the
     /// earlier one's place in the index (the rules refuse such duplicates).
@@ -291,6 +327,11 @@ pub(super) struct TreeNode {
     pub metadata: Option<MetaValue>,
     /// Whether the values its wildcard matches share one counter.
     pub share_threshold: bool,
+    /// With `share_threshold`, the level's piece of a counter identity when the wildcard
+    /// matched (`|key~pattern`), which stands for the request's value; else empty.
+    pub shared_key_part: Box<str>,
+    /// The last piece of its limit's counter identities (`@c60000`); empty without a limit.
+    pub key_suffix: Box<str>,
     /// Whether the request's value stands in metric keys instead of the config's.
     pub value_to_metric: bool,
     /// The level below it.

@@ -224,6 +224,10 @@ pub struct Matched<'a> {
     pub shared: Vec<(usize, &'a str)>,
     /// The matched node's `metadata`, if any.
     pub metadata: Option<&'a MetaValue>,
+    /// The identity of the counter this match charges (what
+    /// [`limiter_key`](crate::limiter::limiter_key) builds for it); empty for an unlimited limit,
+    /// which is never charged.
+    pub counter_key: String,
     /// The key envoyproxy/ratelimit counts this match's statistics under, when it is built from
     /// the request (`detailed_metric`, `value_to_metric`); `None` means the limit's `full_key`.
     pub metric_key: Option<String>,

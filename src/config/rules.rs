@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use super::LookupMap;
 use super::diagnostics::{Finding, Location};
-use super::domain::{Domain, Level, Pattern, TreeNode};
+use super::domain::{Domain, KeyNodes, Level, Pattern, TreeNode};
 use super::schema::{DescriptorNode, Given, Policy, RateLimitNode, ReplaceNode};
 use super::{Attached, Config, FailureMode, Limit, LoadOptions, MetaValue};
+use crate::counter_key;
 use crate::descriptor::Unit;
 use crate::window::{Algorithm, Counting};
 
@@ -371,17 +372,30 @@ impl<'p, L: Location> Checker<'p, L> {
             if let Some(list) = &node.descriptors {
                 self.descriptors(list, &full_key, depth + 1, &mut children)?;
             }
-            level.entry(key.to_string()).or_default().push(
-                value,
-                pattern,
-                TreeNode {
-                    limit,
-                    metadata,
-                    share_threshold,
-                    value_to_metric: node.value_to_metric,
-                    children,
-                },
-            );
+            let shared_key_part = match (&pattern, share_threshold) {
+                (Some(pattern), true) => counter_key::level_part(key, Some(pattern.as_str())),
+                _ => Box::default(),
+            };
+            let key_suffix = match &limit {
+                Some(limit) => counter_key::suffix(limit.algorithm, limit.window_ms),
+                None => Box::default(),
+            };
+            level
+                .entry(key.to_string())
+                .or_insert_with(|| KeyNodes::new(key))
+                .push(
+                    value,
+                    pattern,
+                    TreeNode {
+                        limit,
+                        metadata,
+                        share_threshold,
+                        shared_key_part,
+                        key_suffix,
+                        value_to_metric: node.value_to_metric,
+                        children,
+                    },
+                );
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::descriptor::Entry;
+use crate::limiter::limiter_key;
 
 const MATCHING: &str = r#"
 domain: test
@@ -205,6 +206,88 @@ fn resolve_follows_the_reference() {
         let got = matched.as_ref().map(|m| m.limit.full_key.as_str());
         assert_eq!(got, *expected, "request {request:?}");
     }
+}
+
+/// Asserts that every match of `requests` in `domain` charges the counter [`limiter_key`] names
+/// for it, and returns how many matched.
+fn assert_counter_keys(domain: &Domain, requests: &[&[(&str, &str)]]) -> usize {
+    let mut matched_any = 0;
+    for request in requests {
+        let entries = entries(request);
+        let Some(matched) = domain.resolve(&entries) else {
+            continue;
+        };
+        matched_any += 1;
+        let limit = matched.limit;
+        let expected = if limit.unlimited {
+            String::new()
+        } else {
+            limiter_key(
+                domain.name(),
+                &entries,
+                &matched.shared,
+                limit.algorithm,
+                limit.window_ms,
+            )
+        };
+        assert_eq!(matched.counter_key, expected, "request {request:?}");
+    }
+    matched_any
+}
+
+#[test]
+fn counter_keys_from_the_config_pieces_are_the_limiter_keys() {
+    let config = Config::from_yaml("matching.yaml", MATCHING).unwrap();
+    let domain = config.domain("test").unwrap();
+    let requests: &[&[(&str, &str)]] = &[
+        &[("parent", "p"), ("child", "c")],
+        &[("key1", "value1"), ("subkey1", "x")],
+        &[("key1", "value1"), ("subkey1", "subvalue1")],
+        &[("key2", "value2")],
+        &[("key2", "valx")],
+        &[("key2", "val*")],
+        &[("key2", "")],
+        &[("files", "files/a")],
+        &[("files", "files/*")],
+        &[("files", "test1")],
+        &[("tenant", "t1prod"), ("resource", "res9v2")],
+        &[("free", "x")],
+        &[("key2", "a|b=c%d{e}\n")],
+    ];
+    assert!(assert_counter_keys(domain, requests) >= 10);
+
+    // Every piece the config writes needs escaping here, in both algorithms and odd windows.
+    let escaped = r#"
+domain: "e|d{o}=m"
+descriptors:
+  - key: "k=1|"
+    value: "a%|*"
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window_log}
+    descriptors:
+      - key: "@n~"
+        rate_limit: {window: 90s, requests_per_unit: 5}
+  - key: "k=1|"
+    value: "b*"
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: "k=1|"
+    rate_limit: {unlimited: true}
+"#;
+    let config = Config::from_yaml("escaped.yaml", escaped).unwrap();
+    let domain = config.domain("e|d{o}=m").unwrap();
+    let requests: &[&[(&str, &str)]] = &[
+        &[("k=1|", "a%|x}")],
+        &[("k=1|", "a%|*")],
+        &[("k=1|", "a%|y"), ("@n~", "v=\u{85}|")],
+        &[("k=1|", "b{}")],
+        &[("k=1|", "zzz")],
+    ];
+    assert_eq!(assert_counter_keys(domain, requests), 5);
+    let shared = domain.resolve(&entries(&[("k=1|", "a%|x}")])).unwrap();
+    assert_eq!(
+        shared.counter_key,
+        "e%7Cd%7Bo%7D%3Dm|k%3D1%7C~a%25%7C*@l1000"
+    );
 }
 
 #[test]

@@ -28,18 +28,19 @@
 //!
 //! [`Domain::resolve`]: crate::config::Domain::resolve
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
+pub use crate::counter_key::limiter_key;
+
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, Results};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
-use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
+use crate::descriptor::{Descriptor, LimitOverride, Request};
 use crate::telemetry::{self, CallOutcome};
-use crate::window::{self, Algorithm, Cost, Counting};
+use crate::window::{self, Cost, Counting};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -397,20 +398,11 @@ impl<B: Backend> Limiter<B> {
                 if let Some(meta) = matched.metadata {
                     metadata_sources.push((index, meta));
                 }
-                let limit = matched.limit;
-                // An unlimited limit is never charged, so it needs no counter.
-                let key = if limit.unlimited {
-                    String::new()
-                } else {
-                    limiter_key(
-                        &request.domain,
-                        &descriptor.entries,
-                        &matched.shared,
-                        limit.algorithm,
-                        limit.window_ms,
-                    )
-                };
-                (Some(LimitRef::Config(limit)), key, matched.metric_key)
+                (
+                    Some(LimitRef::Config(matched.limit)),
+                    matched.counter_key,
+                    matched.metric_key,
+                )
             } else {
                 (None, String::new(), None)
             };
@@ -932,129 +924,6 @@ fn acquire_outcome(results: &Vec<Result<Outcome, BackendError>>) -> CallOutcome 
         }
     }
     outcome
-}
-
-/// Builds the identity of the counter for `entries` of `domain` under one algorithm and window:
-/// which counter a descriptor's hits go to.
-///
-/// Two different descriptors must never share a counter by accident, so every component is
-/// escaped before it is joined: the separators (`|`, `=`, `~`, `@`), the escape character `%`,
-/// the hash-tag braces `{` `}` and control characters are percent-encoded. The encoding is
-/// injective, and the result contains no brace, so a backend may wrap it in a Redis hash tag.
-///
-/// `shared` lists the levels matched by a `share_threshold` wildcard: there the wildcard pattern
-/// (marked with `~` instead of `=`) stands for every value it matches, so they share one counter.
-pub fn limiter_key(
-    domain: &str,
-    entries: &[Entry],
-    shared: &[(usize, &str)],
-    algorithm: Algorithm,
-    window_ms: u64,
-) -> String {
-    let mut key = String::with_capacity(
-        domain.len()
-            + entries
-                .iter()
-                .map(|e| e.key.len() + e.value.len() + 2)
-                .sum::<usize>()
-            + 24,
-    );
-    escape_into(&mut key, domain);
-    for (level, entry) in entries.iter().enumerate() {
-        key.push('|');
-        escape_into(&mut key, &entry.key);
-        match shared.iter().find(|(l, _)| *l == level) {
-            Some((_, pattern)) => {
-                key.push('~');
-                escape_into(&mut key, pattern);
-            }
-            None => {
-                key.push('=');
-                escape_into(&mut key, &entry.value);
-            }
-        }
-    }
-    key.push('@');
-    key.push(match algorithm {
-        Algorithm::SlidingWindowCounter => 'c',
-        Algorithm::SlidingWindowLog => 'l',
-    });
-    push_decimal(&mut key, window_ms);
-    key
-}
-
-/// Appends `n` in decimal; the formatting machinery of `write!` costs more than the whole key.
-fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &digit in &digits[start..] {
-        out.push(char::from(digit));
-    }
-}
-
-/// Appends `text` with the separators, `%`, braces and control characters percent-encoded.
-/// Inlined: a key is three or more short texts, and most need no escaping at all, which costs
-/// less than calling a function to find out.
-#[inline]
-fn escape_into(out: &mut String, text: &str) {
-    match text.bytes().position(may_need_escape) {
-        None => out.push_str(text),
-        Some(clean) => escape_from(out, text, clean),
-    }
-}
-
-/// [`escape_into`] of a `text` whose first `clean` bytes need no escaping.
-#[inline(never)]
-fn escape_from(out: &mut String, text: &str, clean: usize) {
-    // Copy the clean prefix at once, then go char by char.
-    // `clean` is at a char boundary: every byte it can stop at is ASCII or a UTF-8 lead byte.
-    let (plain, rest) = text.split_at(clean);
-    out.push_str(plain);
-    for c in rest.chars() {
-        match c {
-            '%' | '|' | '=' | '~' | '@' | '{' | '}' => push_percent(out, c as u32),
-            c if c.is_control() => {
-                let mut buf = [0u8; 4];
-                for byte in c.encode_utf8(&mut buf).bytes() {
-                    push_percent(out, u32::from(byte));
-                }
-            }
-            c => out.push(c),
-        }
-    }
-}
-
-/// Whether `byte` may start a character that [`escape_into`] encodes: the separators, ASCII
-/// controls, or 0xC2, the lead byte of the C1 controls U+0080..U+009F. A table, as every byte of
-/// every key is tested.
-fn may_need_escape(byte: u8) -> bool {
-    MAY_NEED_ESCAPE[usize::from(byte)]
-}
-
-/// [`may_need_escape`] of every byte.
-static MAY_NEED_ESCAPE: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        table[byte] = matches!(
-            byte as u8,
-            b'%' | b'|' | b'=' | b'~' | b'@' | b'{' | b'}' | 0x00..=0x1F | 0x7F | 0xC2
-        );
-        byte += 1;
-    }
-    table
-};
-
-fn push_percent(out: &mut String, byte: u32) {
-    let _ = write!(out, "%{byte:02X}");
 }
 
 #[cfg(test)]
