@@ -801,7 +801,7 @@ fn the_examples_load_and_demo_as_documented() {
     let batch = internal
         .resolve(&entries(&[("client", "batch-nightly")]))
         .unwrap();
-    assert_eq!(batch.shared, vec![(0, "batch-*")]);
+    assert_eq!(batch.shared.as_slice(), [(0, "batch-*")]);
     let tenant = internal.resolve(&entries(&[("tenant", "acme")])).unwrap();
     assert!(tenant.limit.quota_mode);
     assert!(tenant.metadata.is_some());

@@ -83,10 +83,11 @@ impl Domain {
     pub fn resolve<'a>(&'a self, entries: &[Entry]) -> Option<Matched<'a>> {
         let mut level = &self.tree;
         let last = entries.len().checked_sub(1)?;
-        let mut shared = Vec::new();
+        // Inline: a wildcard match would otherwise allocate both lists on every request.
+        let mut shared = SmallVec::new();
         // How each level matched, kept only for the levels that change the metric key: empty
-        // (no allocation) for the common exact and key-only paths without `value_to_metric`.
-        let mut marks: Vec<(usize, Mark<'a>)> = Vec::new();
+        // for the common exact and key-only paths without `value_to_metric`.
+        let mut marks: SmallVec<[(usize, Mark<'a>); 4]> = SmallVec::new();
         // Levels matched by a key-only node, as bits (the limiter allows 32 entries; deeper
         // levels could only be wrong in a metric key, never in a decision).
         let mut key_only = 0u64;

@@ -40,6 +40,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use smallvec::SmallVec;
+
 use crate::descriptor::Unit;
 use crate::window::{Algorithm, Counting};
 
@@ -221,7 +223,7 @@ pub struct Matched<'a> {
     pub limit: &'a Arc<Limit>,
     /// Levels (entry indexes) matched by a `share_threshold` wildcard, with that wildcard's pattern:
     /// the counter is keyed by the pattern there instead of the request's value.
-    pub shared: Vec<(usize, &'a str)>,
+    pub shared: SmallVec<[(usize, &'a str); 2]>,
     /// The matched node's `metadata`, if any.
     pub metadata: Option<&'a MetaValue>,
     /// The identity of the counter this match charges (what
