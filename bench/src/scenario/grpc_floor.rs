@@ -5,7 +5,9 @@
 //! OK without deciding; it runs as a process of its own, as tollgate does. Each run measures both
 //! closed loop, one after the other, alternating which goes first so the machine's other work
 //! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
-//! latency a server has when it is not saturated. Then the same again with a second pair of
+//! latency a server has when it is not saturated, and at a rate far below either peak
+//! ([`QUIET_RATE`]), for the latency of a call that finds nothing queued: the floor that this
+//! machine and the generator put under every open-loop latency. Then the same again with a second pair of
 //! servers started on one CPU and a generator of their own on the others, so that a server's
 //! latency is not the time it waits for a core the generator holds. Last, where h2load is
 //! installed, the first pair again under h2load, which costs far less a call than our generator:
@@ -105,7 +107,26 @@ pub struct FloorRun {
     /// every CPU.
     #[serde(default)]
     pub apart: bool,
+    /// Whether the run was open loop at [`QUIET_RATE`], not at half of tollgate's peak.
+    #[serde(default)]
+    pub quiet: bool,
 }
+
+/// Where a run's load stood.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Point {
+    /// Closed loop: the server's peak.
+    Peak,
+    /// Open loop at half of tollgate's peak.
+    Half,
+    /// Open loop at [`QUIET_RATE`].
+    Quiet,
+}
+
+/// The open-loop rate far below either server's peak (under a tenth of it on a machine of two
+/// CPUs): no call should find another queued before it, so its latency is the round trip
+/// itself, the generator's share and the machine's scheduling included.
+pub const QUIET_RATE: f64 = 2_000.0;
 
 impl FloorRun {
     /// How many cores the server and the generator kept busy on average, in that order.
@@ -115,10 +136,14 @@ impl FloorRun {
         (busy(self.cpu_seconds), busy(self.generator_cpu_seconds))
     }
 
-    /// Whether this is a run of `server` in the given placement, closed loop (`open` false: its
-    /// peak) or open loop.
-    fn is(&self, server: Server, open: bool, apart: bool) -> bool {
-        self.server == server && self.target_rate.is_some() == open && self.apart == apart
+    /// Whether this is a run of `server` at `point` in the given placement.
+    fn is(&self, server: Server, point: Point, apart: bool) -> bool {
+        let at = match (self.target_rate, self.quiet) {
+            (None, _) => Point::Peak,
+            (Some(_), false) => Point::Half,
+            (Some(_), true) => Point::Quiet,
+        };
+        self.server == server && at == point && self.apart == apart
     }
 }
 
@@ -256,7 +281,8 @@ impl Scenario for GrpcFloor {
                                loader: &Loader,
                                index: usize,
                                target_rate: Option<f64>,
-                               apart: bool|
+                               apart: bool,
+                               quiet: bool|
              -> anyhow::Result<f64> {
                 let server = servers[index];
                 let before = (pair.cpu_seconds(server)?, crate::proc::own_cpu_seconds()?);
@@ -294,6 +320,7 @@ impl Scenario for GrpcFloor {
                         cpu_seconds,
                         generator_cpu_seconds,
                         apart,
+                        quiet,
                     },
                 )?;
                 Ok(rate)
@@ -309,13 +336,23 @@ impl Scenario for GrpcFloor {
                 };
                 let mut tollgate_peak = 0.0;
                 for index in order.clone() {
-                    let rate = measure(pair, loader, index, None, is_apart)?;
+                    let rate = measure(pair, loader, index, None, is_apart, false)?;
                     if index == 0 {
                         tollgate_peak = rate;
                     }
                 }
                 for index in order.clone() {
-                    measure(pair, loader, index, Some(tollgate_peak / 2.0), is_apart)?;
+                    measure(
+                        pair,
+                        loader,
+                        index,
+                        Some(tollgate_peak / 2.0),
+                        is_apart,
+                        false,
+                    )?;
+                }
+                for index in order.clone() {
+                    measure(pair, loader, index, Some(QUIET_RATE), is_apart, true)?;
                 }
             }
         }
@@ -391,15 +428,18 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          uniformly, {} calls in flight. The empty server is the same gRPC service on the same \
          transport answering OK without deciding, in a process of its own; each run measures \
          both closed loop, alternating which goes first, then both open loop at half of \
-         tollgate's peak in that run. CPU: the server process's, per decision; in open loop, \
-         the cores the server and the load generator kept busy on average, of the machine's \
-         {}.\n",
+         tollgate's peak in that run, then both open loop at {}/s, far below either peak, where \
+         no call should find another queued: its latency is the round trip itself (the \
+         generator's part and the machine's scheduling included), the floor under the latency \
+         at half of the peak. CPU: the server process's, per decision; in open loop, the cores \
+         the server and the load generator kept busy on average, of the machine's {}.\n",
         measured(&conditions),
         first.concurrency,
+        count(Some(QUIET_RATE)),
         conditions.machine.cpus,
     );
     out.push_str(&peak_table(&runs, false));
-    let closed = |server: Server| move |r: &FloorRun| r.is(server, false, false);
+    let closed = |server: Server| move |r: &FloorRun| r.is(server, Point::Peak, false);
     let ratios = run_ratios(
         &runs,
         |r| r.run,
@@ -492,7 +532,10 @@ fn peak_table(runs: &[FloorRun], apart: bool) -> String {
         ("CPU µs/decision", Align::Right),
     ]);
     for server in [Server::Tollgate, Server::Empty] {
-        let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.is(server, false, apart)).collect();
+        let runs: Vec<&FloorRun> = runs
+            .iter()
+            .filter(|r| r.is(server, Point::Peak, apart))
+            .collect();
         let mut row = vec![server.label().to_owned()];
         row.extend(load_cells(runs.iter().map(|r| &r.load)));
         row.push(per_decision_cell(
@@ -523,8 +566,15 @@ fn open_loop_table(runs: &[FloorRun], apart: bool) -> String {
         ("server cores", Align::Right),
         ("generator cores", Align::Right),
     ]);
-    for server in [Server::Tollgate, Server::Empty] {
-        let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.is(server, true, apart)).collect();
+    for (point, server) in [Point::Half, Point::Quiet]
+        .into_iter()
+        .flat_map(|point| [(point, Server::Tollgate), (point, Server::Empty)])
+    {
+        let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.is(server, point, apart)).collect();
+        if runs.is_empty() {
+            // Records from before the quiet point was measured.
+            continue;
+        }
         table.row(vec![
             server.label().to_owned(),
             count(median(runs.iter().filter_map(|r| r.target_rate))),
@@ -543,6 +593,73 @@ fn open_loop_table(runs: &[FloorRun], apart: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::summary::LatencyUs;
+
+    fn open_run(server: Server, run: u32, rate: f64, p99_us: f64, quiet: bool) -> FloorRun {
+        let latency_us = LatencyUs {
+            min: 100.0,
+            mean: 500.0,
+            p50: 400.0,
+            p90: 800.0,
+            p99: p99_us,
+            p99_9: 2.0 * p99_us,
+            max: 3.0 * p99_us,
+        };
+        FloorRun {
+            server,
+            run,
+            concurrency: 128,
+            target_rate: Some(rate),
+            load: Summary {
+                elapsed_seconds: 5.0,
+                requests: (rate * 5.0) as u64,
+                ok: (rate * 5.0) as u64,
+                over_limit: 0,
+                unknown: 0,
+                errors: 0,
+                errors_by_code: Default::default(),
+                decisions: (rate * 5.0) as u64,
+                decisions_per_second: rate,
+                requests_per_second: rate,
+                latency_us,
+            },
+            cpu_seconds: 1.0,
+            generator_cpu_seconds: 1.0,
+            apart: false,
+            quiet,
+        }
+    }
+
+    #[test]
+    fn open_loop_rows_give_half_the_peak_then_the_quiet_rate_per_server() {
+        let runs = [
+            open_run(Server::Tollgate, 1, 26_000.0, 4_000.0, false),
+            open_run(Server::Empty, 1, 26_000.0, 3_500.0, false),
+            open_run(Server::Tollgate, 1, QUIET_RATE, 1_500.0, true),
+            open_run(Server::Empty, 1, QUIET_RATE, 1_250.0, true),
+        ];
+        let table = open_loop_table(&runs, false);
+        let rows: Vec<(&str, &str, &str)> = table
+            .lines()
+            .skip(2)
+            .map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                (cells[1], cells[2], cells[6])
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("tollgate, memory backend", "26,000", "4.00"),
+                ("empty RLS server", "26,000", "3.50"),
+                ("tollgate, memory backend", "2,000", "1.50"),
+                ("empty RLS server", "2,000", "1.25"),
+            ],
+            "{table}"
+        );
+        // Records from before the quiet point give the rows at half of the peak alone.
+        assert_eq!(open_loop_table(&runs[..2], false).lines().count(), 4);
+    }
 
     #[test]
     fn h2load_runs_give_a_table_and_the_ratio_of_each_run() {
