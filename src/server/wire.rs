@@ -24,7 +24,7 @@ use super::rls::{code_to_proto, response_to_proto, status_fields, unit_from_prot
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use crate::limiter::Decision;
 use crate::proto::answer::{self, Writer};
-use crate::proto::codec::{buffers, encode_failed, put_via_stack};
+use crate::proto::codec::{buffers, encode_failed, put_via_stack, read_contiguous};
 
 /// The codec of the `ShouldRateLimit` call: decodes a [`Request`], encodes a [`Decision`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -55,7 +55,7 @@ impl Decoder for RequestDecoder {
     type Error = GrpcStatus;
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Request>, GrpcStatus> {
-        decode_request(src)
+        read_contiguous(src, |message| decode_request(message))
             .map(Some)
             .map_err(|error| GrpcStatus::internal(error.to_string()))
     }
