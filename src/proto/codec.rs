@@ -1,6 +1,6 @@
-//! The protobuf codec of every gRPC service and client generated here: tonic's prost codec with
-//! buffers sized for rate-limit messages, and an encoder that writes small messages on the stack
-//! first.
+//! The protobuf codec of every gRPC service and client generated here: prost reading each
+//! message from the slice tonic hands over, buffers sized for rate-limit messages, and an
+//! encoder that writes small messages on the stack first.
 
 #![warn(missing_docs, clippy::all)]
 
@@ -8,7 +8,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 
 use prost::bytes::{Buf, BufMut};
-use prost::{EncodeError, Message};
+use prost::{DecodeError, EncodeError, Message};
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
@@ -63,8 +63,7 @@ where
 }
 
 /// Decodes a message with prost from the bytes tonic hands over as one slice
-/// ([`read_contiguous`]); a malformed message is `INTERNAL`, as tonic's own prost decoder
-/// answers.
+/// ([`read_contiguous`]); a malformed message is [`decode_failed`].
 #[derive(Debug)]
 pub struct SliceDecoder<U>(PhantomData<U>);
 
@@ -75,7 +74,7 @@ impl<U: Message + Default> Decoder for SliceDecoder<U> {
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         read_contiguous(src, |bytes| U::decode(bytes))
             .map(Some)
-            .map_err(|error| Status::internal(error.to_string()))
+            .map_err(decode_failed)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
@@ -128,6 +127,12 @@ impl<T: Message + 'static> Encoder for StackEncoder<T> {
 /// The status of a message that could not be encoded, for every encoder here.
 pub fn encode_failed(error: EncodeError) -> Status {
     Status::internal(format!("encoding the message: {error}"))
+}
+
+/// The status of a message that could not be decoded, for every decoder here: `INTERNAL` with
+/// prost's words, as tonic's own prost decoder answers.
+pub fn decode_failed(error: DecodeError) -> Status {
+    Status::internal(error.to_string())
 }
 
 /// Encodes `item` into `dst`, through a slice on the stack when it fits there. A

@@ -24,7 +24,7 @@ use super::rls::{code_to_proto, response_to_proto, status_fields, unit_from_prot
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use crate::limiter::Decision;
 use crate::proto::answer::{self, Writer};
-use crate::proto::codec::{buffers, encode_failed, put_via_stack, read_contiguous};
+use crate::proto::codec::{buffers, decode_failed, encode_failed, put_via_stack, read_contiguous};
 
 /// The codec of the `ShouldRateLimit` call: decodes a [`Request`], encodes a [`Decision`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,8 +45,7 @@ impl Codec for RlsCodec {
     }
 }
 
-/// Decodes a `RateLimitRequest` into a [`Request`]; a malformed message is `INTERNAL`, as
-/// tonic's own protobuf decoder answers.
+/// Decodes a `RateLimitRequest` into a [`Request`]; a malformed message is [`decode_failed`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RequestDecoder;
 
@@ -57,7 +56,7 @@ impl Decoder for RequestDecoder {
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Request>, GrpcStatus> {
         read_contiguous(src, |message| decode_request(message))
             .map(Some)
-            .map_err(|error| GrpcStatus::internal(error.to_string()))
+            .map_err(decode_failed)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
