@@ -581,9 +581,9 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     );
     assert_eq!(table_after(&doc, "#### Twice the limit").len(), 8);
 
-    // grpc-floor: tollgate and the empty server both answered, closed loop and at half of
-    // tollgate's peak, sharing the cores with the generator and (given a second CPU) apart from
-    // it; the ratio and both open-loop tables are written.
+    // grpc-floor: tollgate and the empty server both answered, closed loop, at half of
+    // tollgate's peak and at the quiet rate, sharing the cores with the generator and (given a
+    // second CPU) apart from it; the ratio and both open-loop tables are written.
     let floor = records(&results, "grpc-floor");
     let floor_cpus = floor
         .iter()
@@ -594,23 +594,30 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     let floor_runs = of_kind(&floor, "run");
     assert_eq!(
         floor_runs.len(),
-        if apart_too { 8 } else { 4 },
+        if apart_too { 12 } else { 6 },
         "{floor_runs:?}"
     );
     let placements: &[bool] = if apart_too { &[false, true] } else { &[false] };
     for &apart in placements {
         for server in ["tollgate", "empty"] {
-            for open in [false, true] {
+            for (open, quiet) in [(false, false), (true, false), (true, true)] {
                 let run = floor_runs
                     .iter()
                     .find(|r| {
                         r["server"] == server
                             && r["target_rate"].is_null() != open
+                            && r["quiet"] == quiet
                             && r["apart"] == apart
                     })
                     .unwrap_or_else(|| {
-                        panic!("no grpc-floor run of {server}, open loop {open}, apart {apart}")
+                        panic!(
+                            "no grpc-floor run of {server}, open loop {open}, quiet {quiet}, \
+                             apart {apart}"
+                        )
                     });
+                if quiet {
+                    assert_eq!(number(run, &["target_rate"]), 2_000.0, "{run}");
+                }
                 assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
                 assert!(number(run, &["cpu_seconds"]) >= 0.0, "{run}");
                 // Sending the calls costs the generator CPU, which it counts.
