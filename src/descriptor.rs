@@ -1,22 +1,27 @@
 //! The rate-limit request as the limiter sees it: a domain and descriptors, free of any gRPC type.
 //!
-//! The server converts the Envoy protobuf request into these types (moving the strings, not
-//! copying them); the config matcher and the limiter read them.
+//! The server converts the Envoy protobuf request into these types; the config matcher and the
+//! limiter read them. Its strings are [`Text`]: a request's domain, keys and values are short, so
+//! they are kept inline and reading a request allocates only its lists.
 
 use std::fmt;
+
+/// A request's text: up to 23 bytes inline, longer ones behind one shared allocation. Reads as a
+/// `&str`, and compares and hashes as one.
+pub use smol_str::SmolStr as Text;
 
 /// One `key=value` pair of a descriptor, e.g. `remote_address=10.0.0.1`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Entry {
     /// The descriptor key; never empty in a validated request.
-    pub key: String,
+    pub key: Text,
     /// The value; may be empty.
-    pub value: String,
+    pub value: Text,
 }
 
 impl Entry {
     /// Builds an entry from anything string-like (handy in tests).
-    pub fn new(key: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn new(key: impl Into<Text>, value: impl Into<Text>) -> Self {
         Entry {
             key: key.into(),
             value: value.into(),
@@ -48,7 +53,7 @@ pub struct Descriptor {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Request {
     /// The policy domain, e.g. `edge`.
-    pub domain: String,
+    pub domain: Text,
     /// The descriptors, answered one status each in this order.
     pub descriptors: Vec<Descriptor>,
     /// The cost of the request; 0 is read as 1.

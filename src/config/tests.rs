@@ -561,8 +561,8 @@ fn metric_keys_follow_the_references_rules() {
         let entries: Vec<Entry> = entries
             .iter()
             .map(|(k, v)| Entry {
-                key: k.to_string(),
-                value: v.to_string(),
+                key: (*k).into(),
+                value: (*v).into(),
             })
             .collect();
         let matched = domain.resolve(&entries).expect("a limit");

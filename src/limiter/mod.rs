@@ -882,7 +882,7 @@ fn dynamic_metadata(request: &Request, metadata: Option<MetaValue>) -> MetaValue
     let mut fields = vec![
         (
             "domain".to_string(),
-            MetaValue::String(request.domain.clone()),
+            MetaValue::String(request.domain.to_string()),
         ),
         ("descriptors".to_string(), MetaValue::List(descriptors)),
     ];

@@ -1,7 +1,7 @@
 //! The limiter's own rules, checked without a backend: request validation and counter identities.
 
 use super::*;
-use crate::descriptor::{Descriptor, Entry};
+use crate::descriptor::{Descriptor, Entry, Text};
 
 mod validation {
     use super::*;
@@ -34,7 +34,7 @@ mod validation {
         let cases = [
             (
                 Request {
-                    domain: String::new(),
+                    domain: Text::default(),
                     ..request_with(vec![one()])
                 },
                 "domain must not be empty",

@@ -320,7 +320,8 @@ pub async fn decide<B: Backend>(
     }
 }
 
-/// Converts the protobuf request, moving its strings.
+/// Converts the protobuf request (short text is copied inline, longer text kept behind one
+/// allocation: [`Text`](crate::descriptor::Text)).
 pub fn request_from_proto(request: RateLimitRequest) -> Request {
     // Into a new vector, not `collect`: collecting reuses the decoded vector in place, and since
     // a descriptor is smaller than its message, the allocator is then asked to shrink it, which
@@ -328,7 +329,7 @@ pub fn request_from_proto(request: RateLimitRequest) -> Request {
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     descriptors.extend(request.descriptors.into_iter().map(descriptor_from_proto));
     Request {
-        domain: request.domain,
+        domain: request.domain.into(),
         descriptors,
         hits_addend: request.hits_addend,
     }
@@ -340,8 +341,8 @@ fn descriptor_from_proto(descriptor: RateLimitDescriptor) -> Descriptor {
             .entries
             .into_iter()
             .map(|e| Entry {
-                key: e.key,
-                value: e.value,
+                key: e.key.into(),
+                value: e.value.into(),
             })
             .collect(),
         limit: descriptor.limit.map(|l| LimitOverride {

@@ -13,15 +13,15 @@
 use prost::Message;
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{
-    DecodeContext, WireType, check_wire_type, decode_key, int32, merge_loop, skip_field, string,
-    uint32, uint64,
+    DecodeContext, WireType, check_wire_type, decode_key, decode_varint, int32, merge_loop,
+    skip_field, string, uint32, uint64,
 };
 use prost::{DecodeError, EncodeError};
 use tonic::Status as GrpcStatus;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use super::rls::{code_to_proto, response_to_proto, status_fields, unit_from_proto};
-use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
+use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Text};
 use crate::limiter::Decision;
 use crate::proto::answer::{self, Writer};
 use crate::proto::codec::{buffers, decode_failed, encode_failed, put_via_stack, read_contiguous};
@@ -54,7 +54,7 @@ impl Decoder for RequestDecoder {
     type Error = GrpcStatus;
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Request>, GrpcStatus> {
-        read_contiguous(src, |message| decode_request(message))
+        read_contiguous(src, decode_request)
             .map(Some)
             .map_err(decode_failed)
     }
@@ -137,21 +137,21 @@ fn at(message: &'static str, field: &'static str) -> impl FnOnce(DecodeError) ->
     }
 }
 
-/// Decodes a whole `RateLimitRequest` (`domain` = 1, `descriptors` = 2, `hits_addend` = 3).
+/// Decodes a whole `RateLimitRequest` (`domain` = 1, `descriptors` = 2, `hits_addend` = 3),
+/// read as one slice.
 ///
 /// Unknown fields are skipped, a repeated scalar's last value wins and a nested message seen
 /// twice is merged, as protobuf says. One difference from generated code: a nested message's
 /// unknown fields are skipped with the whole recursion budget (prost does not let code outside
 /// it spend from the budget), so a group nested 98 to 100 deep inside a descriptor is skipped
 /// where prost would refuse it.
-pub fn decode_request(buf: &mut impl Buf) -> Result<Request, DecodeError> {
+pub fn decode_request(buf: &mut &[u8]) -> Result<Request, DecodeError> {
     let mut request = Request::default();
     let ctx = DecodeContext::default();
     while buf.has_remaining() {
         let (tag, wire_type) = decode_key(buf)?;
         match tag {
-            1 => string::merge(wire_type, &mut request.domain, buf, ctx.clone())
-                .map_err(at(REQUEST, "domain"))?,
+            1 => merge_text(wire_type, &mut request.domain, buf).map_err(at(REQUEST, "domain"))?,
             2 => {
                 let mut descriptor = Descriptor::default();
                 nested(wire_type, &mut descriptor, buf, descriptor_field)
@@ -164,6 +164,30 @@ pub fn decode_request(buf: &mut impl Buf) -> Result<Request, DecodeError> {
         }
     }
     Ok(request)
+}
+
+/// Reads a string field into `value`, as prost's `string::merge` reads one into a `String`: the
+/// last occurrence wins, and a field cut short or not UTF-8 is refused with prost's own error.
+/// The text is taken straight from the slice; short text is kept inline ([`Text`]), with no
+/// allocation.
+fn merge_text(wire_type: WireType, value: &mut Text, buf: &mut &[u8]) -> Result<(), DecodeError> {
+    check_wire_type(WireType::LengthDelimited, wire_type)?;
+    let mut rest = *buf;
+    let length = decode_varint(&mut rest)?;
+    if let Some(length) = usize::try_from(length)
+        .ok()
+        .filter(|&length| length <= rest.len())
+        && let Ok(text) = std::str::from_utf8(&rest[..length])
+    {
+        *value = Text::new(text);
+        *buf = &rest[length..];
+        return Ok(());
+    }
+    // Cut short or not UTF-8: prost reads the same bytes, for the error generated code gives.
+    let mut read = String::new();
+    string::merge(wire_type, &mut read, buf, DecodeContext::default())?;
+    *value = Text::from(read);
+    Ok(())
 }
 
 /// Reads a length-delimited message into `value`, one field at a time by `field`.
@@ -182,18 +206,18 @@ fn nested<T, B: Buf>(
 
 /// One field of a `RateLimitDescriptor` (`entries` = 1, `limit` = 2, `hits_addend` = 3, a
 /// `google.protobuf.UInt64Value`).
-fn descriptor_field<B: Buf>(
+fn descriptor_field(
     descriptor: &mut Descriptor,
     tag: u32,
     wire_type: WireType,
-    buf: &mut B,
+    buf: &mut &[u8],
 ) -> Result<(), DecodeError> {
     let ctx = DecodeContext::default();
     match tag {
         1 => {
             let mut entry = Entry {
-                key: String::new(),
-                value: String::new(),
+                key: Text::default(),
+                value: Text::default(),
             };
             nested(wire_type, &mut entry, buf, entry_field).map_err(at(DESCRIPTOR, "entries"))?;
             descriptor.entries.push(entry);
@@ -222,16 +246,16 @@ fn descriptor_field<B: Buf>(
 }
 
 /// One field of an `Entry` (`key` = 1, `value` = 2).
-fn entry_field<B: Buf>(
+fn entry_field(
     entry: &mut Entry,
     tag: u32,
     wire_type: WireType,
-    buf: &mut B,
+    buf: &mut &[u8],
 ) -> Result<(), DecodeError> {
     let ctx = DecodeContext::default();
     match tag {
-        1 => string::merge(wire_type, &mut entry.key, buf, ctx).map_err(at(ENTRY, "key")),
-        2 => string::merge(wire_type, &mut entry.value, buf, ctx).map_err(at(ENTRY, "value")),
+        1 => merge_text(wire_type, &mut entry.key, buf).map_err(at(ENTRY, "key")),
+        2 => merge_text(wire_type, &mut entry.value, buf).map_err(at(ENTRY, "value")),
         _ => skip_field(wire_type, tag, buf, ctx),
     }
 }
@@ -279,6 +303,8 @@ mod tests {
         prop_oneof![
             Just(String::new()),
             "[a-z_.]{1,8}",
+            // Either side of the longest text kept inline (23 bytes).
+            "[a-z]{21,26}",
             "[a-z]{120,140}",
             "\\PC{0,4}"
         ]
@@ -426,6 +452,37 @@ mod tests {
             let expected = response_to_proto(decision.clone()).encode_to_vec();
             writes_exactly(&expected, |out| write_decision(&decision, out))?;
         }
+    }
+
+    #[test]
+    fn a_text_field_seen_twice_keeps_the_last() {
+        // The domain twice (long, then short) and an entry's value twice (short, then long,
+        // past what is kept inline), as a client may concatenate two encoded messages.
+        let long = "v".repeat(40);
+        let first = RateLimitRequest {
+            domain: "d".repeat(30),
+            descriptors: Vec::new(),
+            hits_addend: 0,
+        };
+        let second = RateLimitRequest {
+            domain: "edge".into(),
+            ..first.clone()
+        };
+        let mut bytes = first.encode_to_vec();
+        bytes.extend(second.encode_to_vec());
+        let mut entry = ProtoEntry {
+            key: "user".into(),
+            value: "alice".into(),
+        }
+        .encode_to_vec();
+        entry.extend([0x12, 40]);
+        entry.extend(long.as_bytes());
+        bytes.extend([0x12, entry.len() as u8 + 2, 0x0a, entry.len() as u8]);
+        bytes.extend(&entry);
+        let decoded = direct(&bytes).expect("decodes");
+        assert_eq!(decoded.domain, "edge");
+        assert_eq!(decoded.descriptors[0].entries[0].value, long.as_str());
+        assert_eq!(Ok(decoded), generated(&bytes));
     }
 
     #[test]

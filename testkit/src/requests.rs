@@ -21,7 +21,7 @@ pub fn with_addend(mut descriptor: Descriptor, addend: u64) -> Descriptor {
 /// hit).
 pub fn request(domain: &str, descriptors: Vec<Descriptor>) -> Request {
     Request {
-        domain: domain.to_owned(),
+        domain: domain.into(),
         descriptors,
         hits_addend: 0,
     }

@@ -956,7 +956,7 @@ async fn descriptor_without_entries_is_ok_without_a_limit(t: &Target) {
     });
     // An unknown domain limits nothing, overrides included.
     let mut foreign = req(vec![limited.clone()]);
-    foreign.domain = fresh("empty-domain");
+    foreign.domain = fresh("empty-domain").into();
     for _ in 0..2 {
         assert_free(&ask(&limiter, &foreign).await, 0, "unknown domain");
     }

@@ -153,9 +153,9 @@ pub fn descriptor_key(data: &[u8]) {
     }
     let request = Request {
         domain: if domain.is_empty() {
-            "fuzz".to_owned()
+            "fuzz".into()
         } else {
-            domain
+            domain.into()
         },
         descriptors: first,
         hits_addend: data.len() as u32 % 3,
