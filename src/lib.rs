@@ -11,15 +11,17 @@
 //! one step each; the helpers a step calls out to are named where it uses them. The binary runs
 //! `Limiter<Sharded<AnyBackend>>`; the Redis backend is shown, the others branch off at step 4.
 //!
-//! 1. **Handler**, `src/server/rls.rs`. [`RlsService`], a tonic service written by hand,
-//!    decodes the call with [`RlsCodec`] (`src/server/wire.rs`) straight into a
-//!    [`descriptor::Request`], with no protobuf struct between, and hands it to `App::decide_since`:
+//! 1. **Handler**, `src/server/rls.rs`. [`RlsService`], a tonic service written by hand, reads
+//!    the call's one message from the HTTP/2 body ([`server::unary`]) and decodes it with
+//!    [`decode_request`] (`src/server/wire.rs`) straight into a [`descriptor::Request`], with no
+//!    protobuf struct between, and hands it to `App::decide_since`:
 //!    it starts the clock, opens the decision's span, answers at once when no policies are in
 //!    force yet or too many decisions are in flight, and asks [`Limiter::should_rate_limit`] (a
 //!    [`LimiterError`] becomes `INVALID_ARGUMENT`). **Metrics are recorded** there:
 //!    [`Metrics::observe`] (`src/server/metrics.rs`) counts the overall and per-descriptor codes
-//!    and the latency. The [`Decision`] goes back to the codec, which writes the protobuf answer
-//!    from it (`write_decision`, with the field writer of `src/proto/answer.rs`). `POST /json`
+//!    and the latency. The [`Decision`] goes back to the handler, which writes the protobuf answer
+//!    from it (`write_decision`, with the field writer of `src/proto/answer.rs`) as the call's
+//!    one data frame ([`server::unary::answer`]). `POST /json`
 //!    (`src/server/admin.rs`) takes [`App::decide`], the same path between the protobuf structs
 //!    (`request_from_proto`, `response_to_proto`); [`rls::decide`] is that conversion without the
 //!    metrics, for embedders and tests.
@@ -64,7 +66,7 @@
 //! ACKed; a push that does not load is NACKed and the snapshot in force stays.
 //!
 //! [`RlsService`]: server::rls::RlsService
-//! [`RlsCodec`]: server::wire::RlsCodec
+//! [`decode_request`]: server::wire::decode_request
 //! [`App::decide`]: server::App::decide
 //! [`rls::decide`]: server::rls::decide
 //! [`Limiter::should_rate_limit`]: limiter::Limiter::should_rate_limit

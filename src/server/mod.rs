@@ -13,6 +13,7 @@ pub mod runtime;
 pub mod stats;
 pub mod striped;
 pub mod tls;
+pub mod unary;
 pub mod wire;
 pub mod xds;
 

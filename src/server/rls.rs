@@ -1,8 +1,9 @@
 //! The Envoy RLS v3 gRPC service: protobuf in, [`Limiter`] decision, protobuf out.
 //!
-//! A gRPC call goes [`RlsService`] (its bytes decoded into a [`Request`] by
-//! [`RlsCodec`]) → `App::decide_since` (timing, span, metrics, [`Limiter::should_rate_limit`])
-//! → the [`Decision`], which the codec writes as the answer. The admin `POST /json` endpoint
+//! A gRPC call goes [`RlsService`] (the call read by [`unary`], its message decoded into a
+//! [`Request`] by [`decode_request`]) → `App::decide_since` (timing, span, metrics,
+//! [`Limiter::should_rate_limit`]) → the [`Decision`], which [`encode_decision`] writes as the
+//! answer. The admin `POST /json` endpoint
 //! calls [`App::decide`], the same path between the protobuf structs ([`request_from_proto`],
 //! [`response_to_proto`]), so both answer alike; [`decide`] is that conversion without the
 //! metrics.
@@ -14,17 +15,19 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use prost_types::value::Kind;
+use tonic::Status as GrpcStatus;
 use tonic::codegen::{BoxFuture, Service, StdError, http};
-use tonic::server::{NamedService, UnaryService};
-use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status as GrpcStatus};
+use tonic::server::NamedService;
 
-use super::wire::RlsCodec;
+use super::unary;
+use super::wire::{decode_request, encode_decision};
 use super::{Health, Metrics};
 use crate::backend::Backend;
 use crate::config::MetaValue;
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 use crate::limiter::{Code, Decision, Limiter, LimiterError, Status};
 use crate::proto::answer::{LimitFields, StatusFields};
+use crate::proto::codec::{decode_failed, encode_failed};
 use crate::proto::{
     self, HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
     rate_limit_response::{self, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit},
@@ -115,9 +118,9 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 /// The gRPC service `envoy.service.ratelimit.v3.RateLimitService`, answering `ShouldRateLimit`.
 ///
 /// Written by hand rather than generated, so that the call decodes straight into the limiter's
-/// [`Request`] and writes its answer straight from the [`Decision`] ([`RlsCodec`]), and so that
-/// a call allocates one future for its handler instead of two. Any other method of the service
-/// is `UNIMPLEMENTED`, as in generated code.
+/// [`Request`] and writes its answer straight from the [`Decision`], and is read and answered
+/// as the one small message each way it is ([`unary`]), not through tonic's streaming
+/// machinery. Any other method of the service is `UNIMPLEMENTED`, as in generated code.
 #[derive(Debug)]
 pub struct RlsService<B> {
     app: Arc<App<B>>,
@@ -162,34 +165,29 @@ where
                 GrpcStatus::unimplemented("").into_http()
             )));
         }
-        let method = ShouldRateLimit(Arc::clone(&self.app));
+        let app = Arc::clone(&self.app);
         Box::pin(async move {
-            Ok(tonic::server::Grpc::new(RlsCodec)
-                .unary(method, request)
-                .await)
-        })
-    }
-}
-
-/// One `ShouldRateLimit` call.
-struct ShouldRateLimit<B>(Arc<App<B>>);
-
-impl<B: Backend> UnaryService<Request> for ShouldRateLimit<B> {
-    type Response = Decision;
-    type Future = BoxFuture<GrpcResponse<Decision>, GrpcStatus>;
-
-    fn call(&mut self, request: GrpcRequest<Request>) -> Self::Future {
-        let app = Arc::clone(&self.0);
-        Box::pin(async move {
+            let read = unary::read_request(request, |mut message| {
+                decode_request(&mut message).map_err(decode_failed)
+            })
+            .await;
+            let (headers, request) = match read {
+                Ok(read) => read,
+                Err(status) => return Ok(status.into_http()),
+            };
             let started = Instant::now();
-            let (metadata, _, request) = request.into_parts();
             let (result, elapsed) = app
-                .decide_since(request, &GrpcHeaders(&metadata), started)
+                .decide_since(request, &HttpHeaders(&headers), started)
                 .await;
             // The reference's gRPC interceptor counts every call, refused ones included; `/json`
             // does not pass through it.
             app.metrics.observe_grpc(elapsed);
-            result.map(GrpcResponse::new)
+            Ok(match result {
+                Ok(decision) => {
+                    unary::answer(|frame| encode_decision(decision, frame), encode_failed)
+                }
+                Err(status) => status.into_http(),
+            })
         })
     }
 }
@@ -297,10 +295,10 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// The metadata of a gRPC call, as the span of its decision reads the caller's trace context.
-struct GrpcHeaders<'a>(&'a tonic::metadata::MetadataMap);
+/// The headers of a gRPC call, as the span of its decision reads the caller's trace context.
+struct HttpHeaders<'a>(&'a http::HeaderMap);
 
-impl Headers for GrpcHeaders<'_> {
+impl Headers for HttpHeaders<'_> {
     fn get(&self, name: &str) -> Option<&str> {
         self.0.get(name).and_then(|value| value.to_str().ok())
     }

@@ -17,73 +17,16 @@ use prost::encoding::{
     skip_field, string, uint32, uint64,
 };
 use prost::{DecodeError, EncodeError};
-use tonic::Status as GrpcStatus;
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use super::rls::{code_to_proto, response_to_proto, status_fields, unit_from_proto};
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Text};
 use crate::limiter::Decision;
 use crate::proto::answer::{self, Writer};
-use crate::proto::codec::{buffers, decode_failed, encode_failed, put_via_stack, read_contiguous};
+use crate::proto::codec::put_via_stack;
 
-/// The codec of the `ShouldRateLimit` call: decodes a [`Request`], encodes a [`Decision`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RlsCodec;
-
-impl Codec for RlsCodec {
-    type Encode = Decision;
-    type Decode = Request;
-    type Encoder = AnswerEncoder;
-    type Decoder = RequestDecoder;
-
-    fn encoder(&mut self) -> AnswerEncoder {
-        AnswerEncoder
-    }
-
-    fn decoder(&mut self) -> RequestDecoder {
-        RequestDecoder
-    }
-}
-
-/// Decodes a `RateLimitRequest` into a [`Request`]; a malformed message is [`decode_failed`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestDecoder;
-
-impl Decoder for RequestDecoder {
-    type Item = Request;
-    type Error = GrpcStatus;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Request>, GrpcStatus> {
-        read_contiguous(src, decode_request)
-            .map(Some)
-            .map_err(decode_failed)
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        buffers()
-    }
-}
-
-/// Encodes a [`Decision`] as a `RateLimitResponse`: by [`write_decision`] through a buffer on
-/// the stack, or, for an answer that does not fit there or carries dynamic metadata, through
+/// Appends `decision` to `dst` as a `RateLimitResponse`: by [`write_decision`] through a buffer
+/// on the stack, or, for an answer that does not fit there or carries dynamic metadata, through
 /// the generated struct and prost.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AnswerEncoder;
-
-impl Encoder for AnswerEncoder {
-    type Item = Decision;
-    type Error = GrpcStatus;
-
-    fn encode(&mut self, decision: Decision, dst: &mut EncodeBuf<'_>) -> Result<(), GrpcStatus> {
-        encode_decision(decision, dst).map_err(encode_failed)
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        buffers()
-    }
-}
-
-/// Appends `decision` to `dst` as a `RateLimitResponse`: see [`AnswerEncoder`].
 pub fn encode_decision(decision: Decision, dst: &mut impl BufMut) -> Result<(), EncodeError> {
     if put_via_stack(dst, |stack| write_decision(&decision, stack)) {
         return Ok(());
