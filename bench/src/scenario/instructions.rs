@@ -6,7 +6,8 @@
 //! same request over and over (one descriptor value, answered OK, as in grpc-floor); after a
 //! warm-up, `callgrind_control` turns counting on for a fixed number of calls and off again, and
 //! the dump's total over the calls answered is the server's instructions per call. The servers:
-//! the empty server, tollgate on the memory backend as it starts by default, tollgate with one
+//! the empty server, the same on tollgate's own unary path (so that what the decision adds is a
+//! difference on one gRPC path), tollgate on the memory backend as it starts by default, tollgate with one
 //! part turned off (the local over-limit cache, the per-limit statistics), so that what each
 //! part costs a call is a difference measured in the same run, and tollgate on one Redis (its
 //! own instructions only: redis-server is another process).
@@ -74,6 +75,8 @@ impl Instructions {
 pub enum Server {
     /// The empty RLS server.
     Empty,
+    /// The empty RLS server on tollgate's own unary path (`--unary`).
+    EmptyUnary,
     /// tollgate on the memory backend, as it starts by default.
     Tollgate,
     /// The same, with `--local-cache-bytes 0`.
@@ -85,8 +88,9 @@ pub enum Server {
 }
 
 impl Server {
-    const ALL: [Server; 5] = [
+    const ALL: [Server; 6] = [
         Server::Empty,
+        Server::EmptyUnary,
         Server::Tollgate,
         Server::TollgateNoLocalCache,
         Server::TollgateNoStats,
@@ -96,6 +100,7 @@ impl Server {
     fn label(self) -> &'static str {
         match self {
             Server::Empty => "empty RLS server",
+            Server::EmptyUnary => "empty RLS server, tollgate's unary path",
             Server::Tollgate => "tollgate, memory backend, defaults",
             Server::TollgateNoLocalCache => "tollgate, `--local-cache-bytes 0`",
             Server::TollgateNoStats => "tollgate, `DISABLE_STATS=true`",
@@ -113,7 +118,7 @@ impl Server {
             })
         };
         match self {
-            Server::Empty => None,
+            Server::Empty | Server::EmptyUnary => None,
             Server::Tollgate => start(Backend::Memory, &[], &[]),
             Server::TollgateNoLocalCache => {
                 start(Backend::Memory, &["--local-cache-bytes", "0"], &[])
@@ -126,6 +131,7 @@ impl Server {
     fn file_stem(self) -> &'static str {
         match self {
             Server::Empty => "empty",
+            Server::EmptyUnary => "empty-unary",
             Server::Tollgate => "tollgate",
             Server::TollgateNoLocalCache => "tollgate-no-local-cache",
             Server::TollgateNoStats => "tollgate-no-stats",
@@ -213,7 +219,10 @@ impl Scenario for Instructions {
                     _ => None,
                 };
                 let process: Box<dyn MeasuredServer> = match start {
-                    None => Box::new(EmptyProcess::start_under(&under)?),
+                    None => Box::new(EmptyProcess::start_under(
+                        &under,
+                        server == Server::EmptyUnary,
+                    )?),
                     Some(start) => {
                         // Under callgrind a call takes far longer than the default 50ms backend
                         // deadline allows at 128 calls in flight; a missed deadline answers by the
@@ -437,6 +446,24 @@ fn render_counts(runs: &[InstructionsRun], out: &mut String) {
         }
     };
     out.push_str("\nWhat parts of the decision cost, by difference:\n\n");
+    if let (Some(tollgate), Some(floor)) =
+        (per_call(Server::Tollgate), per_call(Server::EmptyUnary))
+    {
+        let _ = writeln!(
+            out,
+            "- the decision itself, beside the empty server on the same gRPC path (tollgate's \
+             own unary path, `src/server/unary.rs`): {} instructions a call.",
+            count(Some(tollgate - floor))
+        );
+    }
+    if let (Some(empty), Some(floor)) = (empty, per_call(Server::EmptyUnary)) {
+        let _ = writeln!(
+            out,
+            "- not a part of the decision: tonic's generated unary path, which tollgate's own \
+             does without, costs the empty server {} instructions a call more.",
+            count(Some(empty - floor))
+        );
+    }
     part(
         Server::TollgateNoLocalCache,
         "the local over-limit cache (on by default with the memory backend)",
@@ -474,6 +501,7 @@ mod tests {
         let mut runs = Vec::new();
         for r in 1..=3 {
             runs.push(run(Server::Empty, r, 50_000_000 + u64::from(r) * 1_000));
+            runs.push(run(Server::EmptyUnary, r, 47_000_000));
             runs.push(run(Server::Tollgate, r, 60_000_000));
             runs.push(run(Server::TollgateNoLocalCache, r, 59_000_000));
             runs.push(run(Server::TollgateNoStats, r, 59_500_000));
@@ -501,6 +529,19 @@ mod tests {
         );
         assert!(
             section.contains("the per-limit statistics: 500 instructions a call."),
+            "{section}"
+        );
+        assert!(
+            section.contains("`src/server/unary.rs`): 13,000 instructions a call."),
+            "{section}"
+        );
+        assert!(
+            section.contains("costs the empty server 3,002 instructions a call more."),
+            "{section}"
+        );
+        assert!(
+            section
+                .contains("| empty RLS server, tollgate's unary path | 47,000 | 47,000–47,000 | +"),
             "{section}"
         );
         assert!(
