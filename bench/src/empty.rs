@@ -26,6 +26,7 @@ use tollgate::proto::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer, SERVICE_NAME,
 };
 use tollgate::proto::{RateLimitRequest, RateLimitResponse};
+use tollgate::server::rls::SHOULD_RATE_LIMIT;
 use tollgate::server::runtime::{self, Wakeups};
 use tollgate::server::unary;
 use tonic::codegen::{BoxFuture, Bytes, Service, StdError, http};
@@ -180,9 +181,6 @@ where
         })
     }
 }
-
-/// The full path of the RLS call.
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// Serves the empty service on `listener` until the process ends: tonic's generated service,
 /// or with `unary` the one on tollgate's own unary path.

@@ -113,7 +113,7 @@ impl Origin {
 pub const OVERLOADED: tonic::Code = tonic::Code::ResourceExhausted;
 
 /// The full path of the one method of the RLS service.
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The gRPC service `envoy.service.ratelimit.v3.RateLimitService`, answering `ShouldRateLimit`.
 ///

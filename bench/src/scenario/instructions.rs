@@ -413,6 +413,9 @@ fn render_counts(runs: &[InstructionsRun], out: &mut String) {
             .collect();
         let own = median(values.iter().copied());
         let beside = match (own, empty) {
+            (Some(own), Some(empty)) if server != Server::Empty && own < empty => {
+                format!("-{}", count(Some(empty - own)))
+            }
             (Some(own), Some(empty)) if server != Server::Empty => {
                 format!("+{}", count(Some(own - empty)))
             }
@@ -540,8 +543,9 @@ mod tests {
             "{section}"
         );
         assert!(
-            section
-                .contains("| empty RLS server, tollgate's unary path | 47,000 | 47,000–47,000 | +"),
+            section.contains(
+                "| empty RLS server, tollgate's unary path | 47,000 | 47,000–47,000 | -3,002 |"
+            ),
             "{section}"
         );
         assert!(
