@@ -6,10 +6,11 @@
 //! call: the body wrapped and boxed, an 8 KiB buffer to gather it in, a metadata map and an
 //! extension map rebuilt from the headers, a boxed stream encoding the one answer and a second
 //! header map for its status. A rate-limit call is one small message each way, and that machinery
-//! cost nearly as much as the decision itself: about 3,400 instructions a call, beside the
-//! decision's 4,300 (callgrind, one descriptor on the memory backend). What a call must check is
-//! kept here, each refused with tonic's own status and message, so a client cannot tell the two
-//! apart (the tests compare every answer with tonic's):
+//! cost nearly as much as the decision itself: about 3,800 instructions a call, beside the
+//! decision's 4,700 (the benchmark's `instructions` scenario, one descriptor on the memory
+//! backend). What a call must check is kept here, each refused with tonic's own status and
+//! message, so a client cannot tell the two apart (the tests compare every answer with
+//! tonic's):
 //! - a request compressed with an encoding (`grpc-encoding` other than `identity`):
 //!   `UNIMPLEMENTED`, naming it, with `grpc-accept-encoding: identity`, as no compression is
 //!   enabled;
