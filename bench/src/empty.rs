@@ -3,9 +3,10 @@
 //! OK status per descriptor without looking at anything else. It is the floor a decision's cost
 //! is measured against: what gRPC itself costs on this machine.
 //!
-//! With `--unary` it answers the same way through tollgate's own unary path
-//! (`tollgate::server::unary`) instead of tonic's generated service: the floor of what a decision
-//! adds beside the gRPC path tollgate serves it on.
+//! With `--unary` it answers the same way on tollgate's own path for the call, instead of
+//! tonic's router and generated service: the call sent straight to the service
+//! (`tollgate::server::direct`), read and answered by `tollgate::server::unary`. That is the
+//! floor of what a decision adds beside the gRPC path tollgate serves it on.
 //!
 //! `tollgate-bench empty-server` runs it as a process of its own, so that it is measured exactly
 //! as tollgate is (beside, not inside, the load generator); it prints `listening on ADDR` once
@@ -26,11 +27,13 @@ use tollgate::proto::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer, SERVICE_NAME,
 };
 use tollgate::proto::{RateLimitRequest, RateLimitResponse};
+use tollgate::server::direct::Direct;
 use tollgate::server::rls::SHOULD_RATE_LIMIT;
 use tollgate::server::runtime::{self, Wakeups};
 use tollgate::server::unary;
 use tonic::codegen::{BoxFuture, Bytes, Service, StdError, http};
 use tonic::server::NamedService;
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
@@ -101,8 +104,9 @@ pub struct EmptyServerArgs {
     /// Address to listen on; port 0 picks a free one (the one bound is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// Answer through tollgate's own unary path (`tollgate::server::unary`), as tollgate's RLS
-    /// service does, instead of tonic's generated service.
+    /// Answer on tollgate's own path for the call (`tollgate::server::direct` and
+    /// `tollgate::server::unary`), as tollgate's RLS service does, instead of tonic's router and
+    /// generated service.
     #[arg(long)]
     pub unary: bool,
 }
@@ -137,8 +141,8 @@ impl RateLimitService for Empty {
     }
 }
 
-/// The same service on tollgate's own unary path, as tollgate's RLS service is written: the
-/// path checked, the call read and answered by `tollgate::server::unary`, the messages decoded
+/// The same service on tollgate's own path for the call, as tollgate's RLS service is written
+/// and served: the call routed by `tollgate::server::direct`, the path checked, the call read and answered by `tollgate::server::unary`, the messages decoded
 /// and encoded by prost.
 #[derive(Clone)]
 struct EmptyUnary;
@@ -188,9 +192,9 @@ pub async fn serve(listener: TcpListener, unary: bool) -> anyhow::Result<()> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let mut builder = tonic::transport::Server::builder();
     let served = if unary {
+        let routes = Routes::new(EmptyUnary);
         builder
-            .add_service(EmptyUnary)
-            .serve_with_incoming(incoming)
+            .serve_with_incoming(Direct::new(SHOULD_RATE_LIMIT, EmptyUnary, routes), incoming)
             .await
     } else {
         builder

@@ -3,6 +3,7 @@
 //! graceful shutdown.
 
 pub mod admin;
+pub mod direct;
 pub mod health;
 pub mod incoming;
 pub mod mapper;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener};
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
@@ -395,17 +397,19 @@ pub async fn serve<B: Backend>(
     if let Some(grace) = options.max_connection_age_grace {
         builder = builder.max_connection_age_grace(grace);
     }
-    let router = builder
-        .add_service(rls::RlsService::new(Arc::clone(&app)))
+    let rls = rls::RlsService::new(Arc::clone(&app));
+    let routes = Routes::new(rls.clone())
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
+    let service = direct::Direct::new(rls::SHOULD_RATE_LIMIT, rls, routes);
     let grpc_stop = stopped(stop_rx.clone());
     let grpc = async move {
         match (grpc_listener, &options.tls) {
             (GrpcListener::Tcp(listener), None) => {
-                router
+                builder
                     .serve_with_incoming_shutdown(
+                        service,
                         // With a listener of our own, tonic leaves accepted sockets as they are;
                         // without TCP_NODELAY a response queued behind an unacknowledged one
                         // waits for the peer's delayed ACK (tens of ms on the tail).
@@ -415,8 +419,9 @@ pub async fn serve<B: Backend>(
                     .await
             }
             (listener, tls) => {
-                router
+                builder
                     .serve_with_incoming_shutdown(
+                        service,
                         incoming::incoming(listener, tls.clone()),
                         grpc_stop,
                     )

@@ -1,9 +1,9 @@
 //! The Envoy RLS v3 gRPC service: protobuf in, [`Limiter`] decision, protobuf out.
 //!
-//! A gRPC call goes [`RlsService`] (the call read by [`unary`], its message decoded into a
-//! [`Request`] by [`decode_request`]) → `App::decide_since` (timing, span, metrics,
-//! [`Limiter::should_rate_limit`]) → the [`Decision`], which [`encode_decision`] writes as the
-//! answer. The admin `POST /json` endpoint
+//! A gRPC call goes [`RlsService`] (sent straight to it by [`Direct`](super::direct::Direct),
+//! read by [`unary`], its message decoded into a [`Request`] by [`decode_request`]) →
+//! `App::decide_since` (timing, span, metrics, [`Limiter::should_rate_limit`]) → the
+//! [`Decision`], which [`encode_decision`] writes as the answer. The admin `POST /json` endpoint
 //! calls [`App::decide`], the same path between the protobuf structs ([`request_from_proto`],
 //! [`response_to_proto`]), so both answer alike; [`decide`] is that conversion without the
 //! metrics.

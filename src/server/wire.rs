@@ -134,11 +134,11 @@ fn merge_text(wire_type: WireType, value: &mut Text, buf: &mut &[u8]) -> Result<
 }
 
 /// Reads a length-delimited message into `value`, one field at a time by `field`.
-fn nested<T, B: Buf>(
+fn nested<T>(
     wire_type: WireType,
     value: &mut T,
-    buf: &mut B,
-    mut field: impl FnMut(&mut T, u32, WireType, &mut B) -> Result<(), DecodeError>,
+    buf: &mut &[u8],
+    mut field: impl FnMut(&mut T, u32, WireType, &mut &[u8]) -> Result<(), DecodeError>,
 ) -> Result<(), DecodeError> {
     check_wire_type(WireType::LengthDelimited, wire_type)?;
     merge_loop(value, buf, DecodeContext::default(), |value, buf, _| {
@@ -205,11 +205,11 @@ fn entry_field(
 
 /// One field of a `RateLimitOverride` (`requests_per_unit` = 1, `unit` = 2). A unit this
 /// protocol does not name reads as none, as UNKNOWN does.
-fn override_field<B: Buf>(
+fn override_field(
     limit: &mut LimitOverride,
     tag: u32,
     wire_type: WireType,
-    buf: &mut B,
+    buf: &mut &[u8],
 ) -> Result<(), DecodeError> {
     let ctx = DecodeContext::default();
     match tag {

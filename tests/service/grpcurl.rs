@@ -203,3 +203,56 @@ fn reflection_v1_lists_the_services() {
         "{names:?}"
     );
 }
+
+/// The RLS call is served straight and every other path through tonic's router: the call, a
+/// method the RLS service does not have, a service the server does not have, and health all
+/// answer on one connection as tonic answers them.
+#[test]
+fn the_rls_call_and_every_other_path_answer_on_one_connection() {
+    use tollgate::proto::codec::Protobuf;
+    use tollgate::proto::{RateLimitRequest, RateLimitResponse};
+    use tollgate_testkit::rls::request;
+    use tonic::client::Grpc;
+    use tonic::transport::Channel;
+
+    async fn call(
+        grpc: &mut Grpc<Channel>,
+        path: &str,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        grpc.ready().await.expect("the channel is ready");
+        grpc.unary(
+            tonic::Request::new(request("edge", &[&[("user", "alice")]])),
+            path.parse().expect("a path"),
+            Protobuf::<RateLimitRequest, RateLimitResponse>::default(),
+        )
+        .await
+    }
+
+    let tollgate = start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime");
+    runtime.block_on(async {
+        let channel = channel(tollgate.grpc_addr()).await.expect("connect");
+        let mut grpc = Grpc::new(channel);
+        let answer = call(&mut grpc, &format!("/{RLS}/ShouldRateLimit"))
+            .await
+            .expect("the RLS call is answered");
+        assert_eq!(answer.get_ref().overall_code, 1, "{answer:?}");
+        for path in [
+            format!("/{RLS}/NoSuchMethod"),
+            "/no.such.Service/Call".to_owned(),
+        ] {
+            let refused = call(&mut grpc, &path)
+                .await
+                .expect_err("not a method of the server");
+            assert_eq!(
+                refused.code(),
+                tonic::Code::Unimplemented,
+                "{path}: {refused:?}"
+            );
+        }
+    });
+    assert_health(tollgate.grpc_addr(), "", "SERVING");
+}

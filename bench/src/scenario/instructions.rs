@@ -6,7 +6,7 @@
 //! same request over and over (one descriptor value, answered OK, as in grpc-floor); after a
 //! warm-up, `callgrind_control` turns counting on for a fixed number of calls and off again, and
 //! the dump's total over the calls answered is the server's instructions per call. The servers:
-//! the empty server, the same on tollgate's own unary path (so that what the decision adds is a
+//! the empty server, the same on tollgate's own path for the call (so that what the decision adds is a
 //! difference on one gRPC path), tollgate on the memory backend as it starts by default, tollgate with one
 //! part turned off (the local over-limit cache, the per-limit statistics), so that what each
 //! part costs a call is a difference measured in the same run, and tollgate on one Redis (its
@@ -75,7 +75,7 @@ impl Instructions {
 pub enum Server {
     /// The empty RLS server.
     Empty,
-    /// The empty RLS server on tollgate's own unary path (`--unary`).
+    /// The empty RLS server on tollgate's own path for the call (`--unary`).
     EmptyUnary,
     /// tollgate on the memory backend, as it starts by default.
     Tollgate,
@@ -100,7 +100,7 @@ impl Server {
     fn label(self) -> &'static str {
         match self {
             Server::Empty => "empty RLS server",
-            Server::EmptyUnary => "empty RLS server, tollgate's unary path",
+            Server::EmptyUnary => "empty RLS server, tollgate's own call path",
             Server::Tollgate => "tollgate, memory backend, defaults",
             Server::TollgateNoLocalCache => "tollgate, `--local-cache-bytes 0`",
             Server::TollgateNoStats => "tollgate, `DISABLE_STATS=true`",
@@ -455,15 +455,15 @@ fn render_counts(runs: &[InstructionsRun], out: &mut String) {
         let _ = writeln!(
             out,
             "- the decision itself, beside the empty server on the same gRPC path (tollgate's \
-             own unary path, `src/server/unary.rs`): {} instructions a call.",
+             own: `src/server/direct.rs`, `src/server/unary.rs`): {} instructions a call.",
             count(Some(tollgate - floor))
         );
     }
     if let (Some(empty), Some(floor)) = (empty, per_call(Server::EmptyUnary)) {
         let _ = writeln!(
             out,
-            "- not a part of the decision: tonic's generated unary path, which tollgate's own \
-             does without, costs the empty server {} instructions a call more.",
+            "- not a part of the decision: tonic's router and generated unary path, which \
+             tollgate's RLS call does without, cost the empty server {} instructions a call more.",
             count(Some(empty - floor))
         );
     }
@@ -539,12 +539,16 @@ mod tests {
             "{section}"
         );
         assert!(
-            section.contains("costs the empty server 3,002 instructions a call more."),
+            section.contains("(tollgate's own: `src/server/direct.rs`"),
+            "{section}"
+        );
+        assert!(
+            section.contains("cost the empty server 3,002 instructions a call more."),
             "{section}"
         );
         assert!(
             section.contains(
-                "| empty RLS server, tollgate's unary path | 47,000 | 47,000–47,000 | -3,002 |"
+                "| empty RLS server, tollgate's own call path | 47,000 | 47,000–47,000 | -3,002 |"
             ),
             "{section}"
         );
