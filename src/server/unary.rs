@@ -17,7 +17,9 @@
 //! - a message with the compressed flag set (there is no encoding to read it with) or an unknown
 //!   flag: `INTERNAL`;
 //! - a message longer than [`MAX_MESSAGE_BYTES`]: `OUT_OF_RANGE`, before it is read;
-//! - a body that ends inside a message: `INTERNAL`; one with no message: `INTERNAL`;
+//! - a body that ends inside a message: `INTERNAL` (but, as tonic's reader has it, not one that
+//!   ends right after a message's prefix: that prefix is ignored); one with no message:
+//!   `INTERNAL`;
 //! - trailers, or a cancel by the client, end the request (what came before still counts); any
 //!   other error of the body is the call's status.
 //!
@@ -60,8 +62,11 @@ where
     let mut pending = BytesMut::new();
     loop {
         let Some(frame) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await else {
-            // The body ended: inside a message, the message is cut short.
-            if !pending.is_empty() {
+            // The body ended: inside a message, the message is cut short. tonic's reader has
+            // taken a whole prefix off its buffer by then, and refuses only bytes left after
+            // it, so a body that ends right after a prefix, with none of its message, ends the
+            // request as if that prefix were not there.
+            if !pending.is_empty() && pending.len() != PREFIX_BYTES {
                 return Err(Status::internal("Unexpected EOF decoding stream."));
             }
             break;
@@ -94,9 +99,14 @@ where
     }
 }
 
+/// The header that names a request's compression. Built once: a header looked up by its text
+/// has that text parsed on every call (counted: 410 instructions a call against 190 by this
+/// name, for a header clients seldom send).
+static GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+
 /// Refuses a request compressed with any encoding but `identity`: none is enabled.
 fn check_encoding(headers: &http::HeaderMap) -> Result<(), Status> {
-    let Some(encoding) = headers.get("grpc-encoding") else {
+    let Some(encoding) = headers.get(&GRPC_ENCODING) else {
         return Ok(());
     };
     let encoding = encoding.as_bytes();
@@ -452,6 +462,23 @@ mod tests {
             frames.extend(end.frame());
             let (generated, direct) = both(encoding, frames);
             prop_assert_eq!(direct, generated);
+        }
+    }
+
+    /// A body that ends right after a prefix, with no byte of its message, is read as tonic
+    /// reads it: the prefix is ignored, so the message before it is answered, and with none
+    /// before it the request has no message.
+    #[test]
+    fn a_body_that_ends_after_a_prefix_alone_ends_as_in_tonic() {
+        let prefix_alone = vec![0, 0, 0, 0, 10];
+        for (body, answered) in [
+            (prefix_alone.clone(), false),
+            ([message(0, &rls_request(1)), prefix_alone].concat(), true),
+        ] {
+            let frames = vec![Ok(Frame::data(Bytes::from(body)))];
+            let (generated, direct) = both(None, frames);
+            assert_eq!(direct, generated);
+            assert_eq!(!direct.data.is_empty(), answered, "{direct:?}");
         }
     }
 
