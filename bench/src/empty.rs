@@ -142,8 +142,8 @@ impl RateLimitService for Empty {
 }
 
 /// The same service on tollgate's own path for the call, as tollgate's RLS service is written
-/// and served: the call routed by `tollgate::server::direct`, the path checked, the call read and answered by `tollgate::server::unary`, the messages decoded
-/// and encoded by prost.
+/// and served: the call routed by `tollgate::server::direct`, the path checked, the call read
+/// and answered by `tollgate::server::unary`, the messages decoded and encoded by prost.
 #[derive(Clone)]
 struct EmptyUnary;
 
