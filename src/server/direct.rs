@@ -67,3 +67,86 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::{Ready, ready};
+
+    use tonic::server::NamedService;
+
+    use super::*;
+
+    /// A service that answers every call with its own name in a header.
+    #[derive(Clone)]
+    struct Named(&'static str);
+
+    impl NamedService for Named {
+        const NAME: &'static str = "test.Service";
+    }
+
+    impl Service<http::Request<Body>> for Named {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = Ready<Result<http::Response<Body>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+            let mut response = http::Response::new(Body::empty());
+            response
+                .headers_mut()
+                .insert("served-by", http::HeaderValue::from_static(self.0));
+            ready(Ok(response))
+        }
+    }
+
+    /// Who answered a call to `path`, and its gRPC status, if any.
+    fn answered(direct: &mut Direct<Named>, path: &str) -> (Option<String>, Option<String>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/grpc")
+            .body(Body::empty())
+            .expect("a request");
+        let response = runtime.block_on(async {
+            std::future::poll_fn(|cx| direct.poll_ready(cx))
+                .await
+                .expect("ready");
+            direct.call(request).await.expect("infallible")
+        });
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        };
+        (header("served-by"), header("grpc-status"))
+    }
+
+    /// The one path goes to the service it names, past the router; another method of the same
+    /// gRPC service goes through the router to the service registered there; a service the
+    /// router does not know is refused as tonic refuses it.
+    #[test]
+    fn one_path_goes_straight_and_the_rest_through_the_router() {
+        let routes = Routes::new(Named("router"));
+        let mut direct = Direct::new("/test.Service/Direct", Named("direct"), routes);
+        assert_eq!(
+            answered(&mut direct, "/test.Service/Direct").0.as_deref(),
+            Some("direct")
+        );
+        assert_eq!(
+            answered(&mut direct, "/test.Service/Other").0.as_deref(),
+            Some("router")
+        );
+        // UNIMPLEMENTED, from tonic's fallback.
+        assert_eq!(
+            answered(&mut direct, "/no.such.Service/Call"),
+            (None, Some("12".to_owned()))
+        );
+    }
+}

@@ -6,11 +6,11 @@
 //! same request over and over (one descriptor value, answered OK, as in grpc-floor); after a
 //! warm-up, `callgrind_control` turns counting on for a fixed number of calls and off again, and
 //! the dump's total over the calls answered is the server's instructions per call. The servers:
-//! the empty server, the same on tollgate's own path for the call (so that what the decision adds is a
-//! difference on one gRPC path), tollgate on the memory backend as it starts by default, tollgate with one
-//! part turned off (the local over-limit cache, the per-limit statistics), so that what each
-//! part costs a call is a difference measured in the same run, and tollgate on one Redis (its
-//! own instructions only: redis-server is another process).
+//! the empty server, the same on tollgate's own path for the call (so that what the decision
+//! adds is a difference on one gRPC path), tollgate on the memory backend as it starts by
+//! default, tollgate with one part turned off (the local over-limit cache, the per-limit
+//! statistics), so that what each part costs a call is a difference measured in the same run,
+//! and tollgate on one Redis (its own instructions only: redis-server is another process).
 //!
 //! Instructions are not time: callgrind counts only the server's own user-space instructions,
 //! one thread at a time, so what the kernel does for a call, cache misses and waits on other
