@@ -34,8 +34,9 @@
 -- would set the same expiry instant (the end of window k+1 plus the margin), so repeating it
 -- would cost a command and change nothing.
 
-if redis.replicate_commands then
-  -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
+  -- Redis < 5 must be told to replicate effects, because TIME is read before writing. Redis 7,
+  -- the first to set REDIS_VERSION_NUM, always replicates them, and would still pay a C call.
   redis.replicate_commands()
 end
 
@@ -78,7 +79,8 @@ end
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
+-- The usual cost (1) is compared as text: parsing a number costs Redis a call to strtod.
+local cost = ARGV[3] == '1' and 1 or tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
 local now
 if ARGV[5] then

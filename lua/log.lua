@@ -34,8 +34,9 @@
 -- always carry the same expiry. Costs, sums and ids stay below 2^53, so plain Lua numbers are
 -- exact here.
 
-if redis.replicate_commands then
-  -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
+  -- Redis < 5 must be told to replicate effects, because TIME is read before writing. Redis 7,
+  -- the first to set REDIS_VERSION_NUM, always replicates them, and would still pay a C call.
   redis.replicate_commands()
 end
 
@@ -62,9 +63,11 @@ local log = KEYS[1]
 local meta = KEYS[2]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
+-- The usual cost (1) and lease time (0) are compared as text: parsing a number costs Redis
+-- a call to strtod.
+local cost = ARGV[3] == '1' and 1 or tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
-local ahead = tonumber(ARGV[5]) or 0
+local ahead = ARGV[5] == '0' and 0 or tonumber(ARGV[5]) or 0
 local now
 if ARGV[6] then
   now = tonumber(ARGV[6])

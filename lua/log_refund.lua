@@ -12,8 +12,9 @@
 -- Reply: the units given back (0 when the entry has already left the window).
 -- Both keys keep the TTLs log.lua gave them: a settled entry only ever moves earlier.
 
-if redis.replicate_commands then
-  -- Redis < 5 must be told to replicate effects, because TIME is read before writing.
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
+  -- Redis < 5 must be told to replicate effects, because TIME is read before writing. Redis 7,
+  -- the first to set REDIS_VERSION_NUM, always replicates them, and would still pay a C call.
   redis.replicate_commands()
 end
 
