@@ -206,6 +206,9 @@ pub struct CommandStat {
     pub calls: u64,
     /// Microseconds of Redis CPU it took (a script's own commands are inside its time).
     pub usec: u64,
+    /// Times it answered an error (Redis 7 and later count these; older servers leave 0).
+    #[serde(default)]
+    pub failed_calls: u64,
 }
 
 /// `INFO commandstats` of `server`, by command name (`evalsha`, `hset`, `cluster|slots`, ...).
@@ -227,6 +230,7 @@ fn parse_command_stats(info: &str) -> anyhow::Result<BTreeMap<String, CommandSta
             match field.split_once('=') {
                 Some(("calls", value)) => stat.calls = value.parse()?,
                 Some(("usec", value)) => stat.usec = value.parse()?,
+                Some(("failed_calls", value)) => stat.failed_calls = value.parse()?,
                 _ => {}
             }
         }
@@ -439,16 +443,18 @@ mod tests {
     fn command_stats_are_read_by_name() {
         let info = "# Commandstats\r\n\
             cmdstat_evalsha:calls=10000,usec=141746,usec_per_call=14.17,rejected_calls=0,failed_calls=0\r\n\
-            cmdstat_eval:calls=3,usec=90,usec_per_call=30.00,rejected_calls=0,failed_calls=0\r\n\
+            cmdstat_eval:calls=3,usec=90,usec_per_call=30.00,rejected_calls=0,failed_calls=2\r\n\
             cmdstat_cluster|slots:calls=2,usec=40,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\n";
         let stats = parse_command_stats(info).unwrap();
         assert_eq!(
             stats["evalsha"],
             CommandStat {
                 calls: 10_000,
-                usec: 141_746
+                usec: 141_746,
+                failed_calls: 0
             }
         );
+        assert_eq!(stats["eval"].failed_calls, 2);
         assert_eq!(stats["cluster|slots"].calls, 2);
         assert_eq!(script_calls(&stats), 10_003);
     }

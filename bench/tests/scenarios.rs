@@ -748,6 +748,24 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
             table_after(&doc, "### Instructions per call, counted").len(),
             6
         );
+        // And redis-server was counted over every script's calls: a decision does more than
+        // the commands it would run with no decision between them.
+        let scripts = of_kind(&counted, "script");
+        let per_script = |script: &str| {
+            let run = scripts
+                .iter()
+                .find(|r| r["script"] == script)
+                .unwrap_or_else(|| panic!("no script run of {script}"));
+            assert!(number(run, &["calls"]) >= 100.0, "{run}");
+            number(run, &["instructions"]) / number(run, &["calls"])
+        };
+        assert!(per_script("log") > per_script("log-commands"));
+        assert!(per_script("counter") > per_script("minimal"));
+        assert!(per_script("log-commands-one-key") > 0.0);
+        assert_eq!(
+            table_after(&doc, "#### Instructions per script call, in redis-server").len(),
+            5
+        );
     } else {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(

@@ -131,6 +131,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    /// The program and flags the server runs under (valgrind), empty to run it directly.
+    under: Vec<String>,
     child: Option<Child>,
     /// The TLS port, for a server started with [`RedisServer::start_tls`].
     tls_port: Option<u16>,
@@ -169,6 +171,12 @@ impl RedisServer {
     /// A standalone server on a free port with extra `redis-server` arguments (`--requirepass x`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
         RedisServer::launch(extra.iter().map(|arg| arg.to_string()).collect(), false)
+    }
+
+    /// A standalone server on a free port, run under `under` (a program and its flags, such as
+    /// `valgrind --tool=callgrind`), which may slow it down many times over.
+    pub fn start_under(under: &[String]) -> RedisServer {
+        RedisServer::launch_under(Vec::new(), false, under.to_vec())
     }
 
     /// A standalone server that also speaks TLS, on a second port, with a self-signed
@@ -218,12 +226,17 @@ impl RedisServer {
     }
 
     fn launch(extra: Vec<String>, cluster_bus: bool) -> RedisServer {
+        RedisServer::launch_under(extra, cluster_bus, Vec::new())
+    }
+
+    fn launch_under(extra: Vec<String>, cluster_bus: bool, under: Vec<String>) -> RedisServer {
         let dir = temp_dir("redis");
         for _attempt in 0..5 {
             let mut server = RedisServer {
                 port: free_port(cluster_bus),
                 dir: dir.clone(),
                 extra: extra.clone(),
+                under: under.clone(),
                 child: None,
                 tls_port: None,
                 cert_dir: None,
@@ -242,7 +255,7 @@ impl RedisServer {
     fn spawn(&mut self) -> bool {
         let port = self.port.to_string();
         let dir = self.dir.display().to_string();
-        let mut command = Command::new(redis_server_bin());
+        let mut command = process::command_under(&self.under, redis_server_bin());
         command
             .args([
                 "--port",
@@ -261,7 +274,9 @@ impl RedisServer {
         let child = process::spawn(command)
             .unwrap_or_else(|err| panic!("cannot run {}: {err}", redis_server_bin().display()));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // valgrind alone takes seconds to start it
+        let limit = if self.under.is_empty() { 10 } else { 120 };
+        let deadline = Instant::now() + Duration::from_secs(limit);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(_exited)) = child.try_wait()

@@ -11,14 +11,16 @@
 //! default, tollgate with one part turned off (the local over-limit cache, the per-limit
 //! statistics), so that what each part costs a call is a difference measured in the same run,
 //! and tollgate on one Redis (its own instructions only: redis-server is another process).
+//! Beside them, what one script call costs redis-server itself ([`scripts`]).
 //!
 //! Instructions are not time: callgrind counts only the server's own user-space instructions,
 //! one thread at a time, so what the kernel does for a call, cache misses and waits on other
 //! cores are not in them. They are what a change to the code changes, and they do not drift:
 //! runs of one build agree to a fraction of a percent.
 
+mod scripts;
+
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,12 +29,14 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::scripts::{Calls, Script, ScriptRun, WARM_UP_CALLS, count_script, render_scripts};
+use crate::ceiling::redis_benchmark_bin;
 use crate::doc::{Align, Table, count, count_range, median, opening, plural, range};
 use crate::empty::EmptyProcess;
 use crate::h2load::{H2Load, H2LoadOptions};
 use crate::scenario::{
     Algorithm, Bench, DOMAIN, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
-    runs_of, say,
+    records_of, runs_of, say,
 };
 use crate::stand::{Backend, MeasuredServer, Stand};
 
@@ -176,6 +180,7 @@ impl Scenario for Instructions {
     fn unavailable(&self) -> Option<String> {
         callgrind_tools()
             .and_then(|_| H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0")))
+            .and_then(|_| redis_benchmark_bin())
             .err()
             .map(|error| format!("{error:#}"))
     }
@@ -271,7 +276,7 @@ impl Scenario for Instructions {
                         }
                     }
                     callgrind(&control, pid, "--dump")?;
-                    Ok((load.succeeded, dumped_total(&out, addr)?))
+                    Ok((load.succeeded, dumped_total(&out, &addr.to_string())?))
                 };
                 let (answered, instructions) = counted().with_context(|| {
                     format!(
@@ -293,6 +298,24 @@ impl Scenario for Instructions {
                     count(Some(record.per_call())),
                 ));
                 tools.records.record("run", &record)?;
+            }
+            let script_calls = Calls {
+                warm_up: if tools.scale.quick {
+                    (calls / 5).max(100)
+                } else {
+                    WARM_UP_CALLS
+                },
+                counted: calls,
+            };
+            for script in Script::ALL {
+                let record =
+                    count_script(&valgrind, &control, dumps.path(), script, run, script_calls)?;
+                say(&format!(
+                    "  instructions run {run} redis-server, {}: {} a call",
+                    script.label(),
+                    count(Some(record.per_call())),
+                ));
+                tools.records.record("script", &record)?;
             }
         }
         Ok(())
@@ -333,8 +356,8 @@ fn callgrind(control: &Path, pid: u32, command: &str) -> anyhow::Result<()> {
 }
 
 /// The total of the first dump callgrind wrote for `out` (`<out>.1`), once it is whole: the
-/// file ends with its `totals:` line.
-fn dumped_total(out: &Path, server: SocketAddr) -> anyhow::Result<u64> {
+/// file ends with its `totals:` line. `server` names the process counted, for errors.
+fn dumped_total(out: &Path, server: &str) -> anyhow::Result<u64> {
     let mut dump = out.as_os_str().to_owned();
     dump.push(".1");
     let dump = PathBuf::from(dump);
@@ -386,6 +409,31 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         UNDER_VALGRIND_DEADLINE,
     );
     render_counts(&runs, &mut out);
+    let scripts: Vec<ScriptRun> = records_of(records, "script")?;
+    if !scripts.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n#### Instructions per script call, in redis-server\n\nEach script on a \
+             redis-server of its own under callgrind, sent by redis-benchmark ({} connections, \
+             one call in flight each, {} keys) after a warm-up of {} calls, so that what is \
+             counted is the work on keys that hold data rather than their creation; counted: the \
+             server's instructions over {} calls, the script's commands and also \
+             reading, parsing and answering each call, which `INFO commandstats` leaves out. A \
+             count stands only if Redis ran every call counted and none failed. The minimal \
+             script and the log's commands are the floors of *Redis CPU per decision*, every \
+             number printed as an integer as the log prints them; *in one key*: the same \
+             commands with the sum and the last id kept as two members of the sorted set, scored \
+             below every entry, so that one `ZADD` and one `PEXPIRE` replace `ZADD`, `HSET` and \
+             two `PEXPIRE`s. The decisions are the files tollgate embeds, run as one Lua \
+             function whose keys derive from the one key sent, with the arguments of a hit of \
+             cost 1 under a limit no load reaches.\n",
+            scripts::CONNECTIONS,
+            count(Some(10_000.0)),
+            count(median(scripts.iter().map(|r| r.warm_up as f64))),
+            count(median(scripts.iter().map(|r| r.calls as f64))),
+        );
+        render_scripts(&scripts, &mut out);
+    }
     Ok(out)
 }
 

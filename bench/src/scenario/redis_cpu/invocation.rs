@@ -134,7 +134,7 @@ fn function_name(algorithm: Algorithm) -> String {
 }
 
 /// The Lua source each variant loads for `algorithm`.
-fn source(algorithm: Algorithm, invocation: Invocation) -> String {
+pub fn source(algorithm: Algorithm, invocation: Invocation) -> String {
     let decide = decide(algorithm);
     match invocation {
         Invocation::Evalsha => format!(

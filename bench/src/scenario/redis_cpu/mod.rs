@@ -16,7 +16,7 @@
 //! called: the same decision code by `EVALSHA`, by `FCALL`, and two limits in one call (see
 //! [`invocation`]).
 
-mod invocation;
+pub mod invocation;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -37,9 +37,10 @@ use crate::scenario::{
     micros_per, policy, records_of, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats, cpu_seconds};
+use tollgate_testkit::redis::RedisServer;
 
 /// The minimal script of the floor: count one unit in a window's field and keep a TTL.
-const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
+pub const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
      redis.call('HINCRBY', KEYS[1], math.floor(tonumber(now[1]) / 60), 1) \
      redis.call('PEXPIRE', KEYS[1], 120000) return 1";
 
@@ -47,18 +48,20 @@ const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
 /// `HMGET`, `ZADD`, `HSET`, two `PEXPIRE`) with no decision between them: the least the log's
 /// data layout (a sorted set of entries beside a hash of its sum and last id) costs per hit. The
 /// hash's key is derived from the log's, because redis-benchmark draws every `__rand_int__` of a
-/// command on its own. The member is printed as an integer: Lua's own conversion keeps 14 digits,
-/// so the ids of one log (16 digits) would print alike and each `ZADD` would only move one
-/// member, leaving the sets far smaller than the log's.
-const LOG_COMMANDS_SCRIPT: &str = "local log = KEYS[1] local meta = log .. ':m' \
+/// command on its own. Every number is printed as an integer, as the log prints them: Lua's own
+/// conversion keeps 14 digits, so the ids of one log (16 digits) would print alike and each
+/// `ZADD` would only move one member, leaving the sets far smaller than the log's; and a number
+/// handed to Redis as such is formatted as a double, which costs Redis more than the command.
+pub const LOG_COMMANDS_SCRIPT: &str = "local log = KEYS[1] local meta = log .. ':m' \
      local t = redis.call('TIME') \
      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-     redis.call('ZRANGEBYSCORE', log, '-inf', now - 60000) \
+     redis.call('ZRANGEBYSCORE', log, '-inf', string.format('%d', now - 60000)) \
      local state = redis.call('HMGET', meta, 'sum', 'seq') \
      local id = (tonumber(state[2]) or now * 1000) + 1 \
-     redis.call('ZADD', log, now, string.format('%d:1', id)) \
-     redis.call('HSET', meta, 'sum', (tonumber(state[1]) or 0) + 1, 'seq', id) \
-     redis.call('PEXPIRE', meta, 65000) redis.call('PEXPIRE', log, 65000) return 1";
+     redis.call('ZADD', log, string.format('%d', now), string.format('%d:1', id)) \
+     redis.call('HSET', meta, 'sum', string.format('%d', (tonumber(state[1]) or 0) + 1), \
+       'seq', string.format('%d', id)) \
+     redis.call('PEXPIRE', meta, '65000') redis.call('PEXPIRE', log, '65000') return 1";
 
 /// The options of `redis-cpu`.
 #[derive(Debug, Clone, clap::Args)]
@@ -299,6 +302,17 @@ pub fn benchmark(
     command: &[&str],
 ) -> anyhow::Result<Benchmarked> {
     let server = nodes.masters().first().context("no Redis server")?;
+    benchmark_server(server, concurrency, requests, command)
+}
+
+/// Runs redis-benchmark with `command` `requests` times (values of `__rand_int__` below 10,000)
+/// against `server`.
+pub fn benchmark_server(
+    server: &RedisServer,
+    concurrency: u32,
+    requests: u64,
+    command: &[&str],
+) -> anyhow::Result<Benchmarked> {
     server.reset_stats();
     let cpu_before = cpu_seconds(server)?;
     let clock = Instant::now();
