@@ -437,15 +437,20 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// The instructions per call of each run `picks` takes from `runs`, as `per_call` reads them.
+fn per_call_of<T>(
+    runs: &[T],
+    picks: impl Fn(&T) -> bool,
+    per_call: impl Fn(&T) -> f64,
+) -> Vec<f64> {
+    runs.iter().filter(|r| picks(r)).map(per_call).collect()
+}
+
 /// The table of instructions per call, the ratio, and what each part costs.
 fn render_counts(runs: &[InstructionsRun], out: &mut String) {
-    let per_call = |server: Server| {
-        median(
-            runs.iter()
-                .filter(|r| r.server == server)
-                .map(InstructionsRun::per_call),
-        )
-    };
+    let values_of =
+        |server: Server| per_call_of(runs, |r| r.server == server, InstructionsRun::per_call);
+    let per_call = |server: Server| median(values_of(server));
     let empty = per_call(Server::Empty);
     let mut table = Table::new(&[
         ("server", Align::Left),
@@ -454,11 +459,7 @@ fn render_counts(runs: &[InstructionsRun], out: &mut String) {
         ("beside the empty server", Align::Right),
     ]);
     for server in Server::ALL {
-        let values: Vec<f64> = runs
-            .iter()
-            .filter(|r| r.server == server)
-            .map(InstructionsRun::per_call)
-            .collect();
+        let values = values_of(server);
         let own = median(values.iter().copied());
         let beside = match (own, empty) {
             (Some(own), Some(empty)) if server != Server::Empty && own < empty => {

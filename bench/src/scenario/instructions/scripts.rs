@@ -18,7 +18,7 @@ use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use tollgate_testkit::redis::RedisServer;
 
-use super::{callgrind, dumped_total};
+use super::{callgrind, dumped_total, per_call_of};
 use crate::doc::{Align, Table, count, count_range, median, range};
 use crate::scenario::redis_cpu::invocation::{Invocation, source};
 use crate::scenario::redis_cpu::{LOG_COMMANDS_SCRIPT, MINIMAL_SCRIPT, benchmark_server};
@@ -210,13 +210,8 @@ pub fn count_script(
 
 /// The table of instructions per script call, and what the differences say.
 pub fn render_scripts(runs: &[ScriptRun], out: &mut String) {
-    let per_call = |script: Script| {
-        median(
-            runs.iter()
-                .filter(|r| r.script == script)
-                .map(ScriptRun::per_call),
-        )
-    };
+    let values_of = |script: Script| per_call_of(runs, |r| r.script == script, ScriptRun::per_call);
+    let per_call = |script: Script| median(values_of(script));
     let commands = per_call(Script::LogCommands);
     let mut table = Table::new(&[
         ("script", Align::Left),
@@ -225,11 +220,7 @@ pub fn render_scripts(runs: &[ScriptRun], out: &mut String) {
         ("÷ the log's commands", Align::Right),
     ]);
     for script in Script::ALL {
-        let values: Vec<f64> = runs
-            .iter()
-            .filter(|r| r.script == script)
-            .map(ScriptRun::per_call)
-            .collect();
+        let values = values_of(script);
         let own = median(values.iter().copied());
         let ratio = match (own, commands) {
             (Some(own), Some(commands)) if commands > 0.0 => format!("{:.2}", own / commands),
