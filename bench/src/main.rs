@@ -211,8 +211,8 @@ enum Command {
 
     /// Instructions per call, counted by callgrind: the empty RLS server, tollgate on the memory
     /// backend (by default, without the local cache, without per-limit statistics) and tollgate
-    /// on one Redis, each under valgrind, sent the same calls by h2load (needs valgrind and
-    /// h2load).
+    /// on one Redis, each under valgrind, sent the same calls by h2load; and redis-server per
+    /// script call, sent by redis-benchmark (needs valgrind, h2load and redis-benchmark).
     Instructions {
         #[command(flatten)]
         scale: ScaleArgs,

@@ -85,7 +85,8 @@ pub enum ScenarioName {
     Workers,
     /// Where a decision's CPU goes in tollgate and the empty server, sampled by perf.
     Profile,
-    /// Instructions per call of tollgate and the empty server, counted by callgrind.
+    /// Instructions per call of tollgate, the empty server and redis-server's scripts, counted
+    /// by callgrind.
     Instructions,
 }
 

@@ -26,6 +26,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tollgate_testkit::redis::RedisServer;
 
 use self::invocation::InvocationRun;
 
@@ -37,7 +38,6 @@ use crate::scenario::{
     micros_per, policy, records_of, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats, cpu_seconds};
-use tollgate_testkit::redis::RedisServer;
 
 /// The minimal script of the floor: count one unit in a window's field and keep a TTL.
 pub const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
