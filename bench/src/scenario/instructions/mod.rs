@@ -207,13 +207,7 @@ impl Scenario for Instructions {
                 let out = dumps
                     .path()
                     .join(format!("{}-{run}.callgrind", server.file_stem()));
-                let under = vec![
-                    valgrind.display().to_string(),
-                    "--quiet".to_owned(),
-                    "--tool=callgrind".to_owned(),
-                    "--instr-atstart=no".to_owned(),
-                    format!("--callgrind-out-file={}", out.display()),
-                ];
+                let under = under_callgrind(&valgrind, &out);
                 // Where tollgate decides on Redis, Redis counts its script calls: the proof that
                 // every counted call was a decision.
                 let start = server.tollgate();
@@ -334,6 +328,18 @@ fn callgrind_tools() -> anyhow::Result<(PathBuf, PathBuf)> {
         crate::proc::find_tool("TOLLGATE_VALGRIND", "valgrind", install)?,
         crate::proc::find_tool("TOLLGATE_CALLGRIND_CONTROL", "callgrind_control", install)?,
     ))
+}
+
+/// The program and flags that run a process under `valgrind`'s callgrind with counting off
+/// until turned on, its dumps written to `out` (`<out>.1`, ...).
+fn under_callgrind(valgrind: &Path, out: &Path) -> Vec<String> {
+    vec![
+        valgrind.display().to_string(),
+        "--quiet".to_owned(),
+        "--tool=callgrind".to_owned(),
+        "--instr-atstart=no".to_owned(),
+        format!("--callgrind-out-file={}", out.display()),
+    ]
 }
 
 /// Sends `command` (`--instr=on`, `--dump`, ...) to the callgrind of process `pid`.

@@ -18,10 +18,12 @@ use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use tollgate_testkit::redis::RedisServer;
 
-use super::{callgrind, dumped_total, per_call_of};
+use super::{callgrind, dumped_total, per_call_of, under_callgrind};
 use crate::doc::{Align, Table, count, count_range, median, range};
 use crate::scenario::redis_cpu::invocation::{Invocation, source};
-use crate::scenario::redis_cpu::{LOG_COMMANDS_SCRIPT, MINIMAL_SCRIPT, benchmark_server};
+use crate::scenario::redis_cpu::{
+    LOG_COMMANDS_SCRIPT, MINIMAL_SCRIPT, benchmark_server, load_script,
+};
 use crate::scenario::{Algorithm, UNREACHABLE_LIMIT, WINDOW_MS};
 
 /// Connections redis-benchmark opens, one call in flight each.
@@ -163,21 +165,11 @@ pub fn count_script(
 ) -> anyhow::Result<ScriptRun> {
     let Calls { warm_up, counted } = calls;
     let out = dumps.join(format!("redis-{}-{run}.callgrind", script.file_stem()));
-    let under = [
-        valgrind.display().to_string(),
-        "--quiet".to_owned(),
-        "--tool=callgrind".to_owned(),
-        "--instr-atstart=no".to_owned(),
-        format!("--callgrind-out-file={}", out.display()),
-    ];
-    let server = RedisServer::start_under(&under);
+    let server = RedisServer::start_under(&under_callgrind(valgrind, &out));
     let Some(pid) = server.pid() else {
         bail!("redis-server under callgrind is not running");
     };
-    let sha = server.cli(&["SCRIPT", "LOAD", &script.source()]);
-    if sha.len() != 40 {
-        bail!("SCRIPT LOAD of {} answered `{sha}`", script.label());
-    }
+    let sha = load_script(&server, &script.source(), script.label())?;
     let key = format!("tollgate-bench:{{{}:__rand_int__}}", script.file_stem());
     let arguments = script.arguments();
     let mut command = vec!["EVALSHA", sha.as_str(), "1", key.as_str()];

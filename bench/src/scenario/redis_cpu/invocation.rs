@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use super::benchmark;
+use super::{benchmark, load_script};
 use crate::ceiling::{key_suffixes, script};
 use crate::doc::{Align, Table, count, fixed, median, times_by_run};
 use crate::scenario::{Algorithm, DOMAIN, UNREACHABLE_LIMIT, WINDOW_MS, distinct, run_ratios};
@@ -192,14 +192,8 @@ fn commands(
                 vec!["FCALL".to_owned(), name]
             }
             Invocation::Evalsha | Invocation::EvalshaTwo => {
-                let sha = server.cli(&["SCRIPT", "LOAD", &text]);
-                if sha.len() != 40 {
-                    bail!(
-                        "SCRIPT LOAD of the {} script, {}, answered `{sha}`",
-                        algorithm.name(),
-                        invocation.name()
-                    );
-                }
+                let what = format!("the {} script, {}", algorithm.name(), invocation.name());
+                let sha = load_script(server, &text, &what)?;
                 vec!["EVALSHA".to_owned(), sha]
             }
         };

@@ -340,6 +340,16 @@ pub fn benchmark_server(
     })
 }
 
+/// Loads `script` on `server` and answers its SHA1, or an error naming `what` when Redis
+/// refuses it.
+pub fn load_script(server: &RedisServer, script: &str, what: &str) -> anyhow::Result<String> {
+    let sha = server.cli(&["SCRIPT", "LOAD", script]);
+    if sha.len() != 40 {
+        bail!("SCRIPT LOAD of {what} answered `{sha}`");
+    }
+    Ok(sha)
+}
+
 fn usec_per_call(stats: &BTreeMap<String, CommandStat>, name: &str) -> anyhow::Result<f64> {
     let stat = stats
         .get(name)
@@ -356,13 +366,7 @@ fn floors(
     requests: u64,
 ) -> anyhow::Result<Vec<Floor>> {
     let server = nodes.masters().first().context("no Redis server")?;
-    let load = |script: &str, what: &str| -> anyhow::Result<String> {
-        let sha = server.cli(&["SCRIPT", "LOAD", script]);
-        if sha.len() != 40 {
-            bail!("SCRIPT LOAD of {what} answered `{sha}`");
-        }
-        Ok(sha)
-    };
+    let load = |script: &str, what: &str| load_script(server, script, what);
     let scripts = [
         (
             "minimal script (TIME, HINCRBY, PEXPIRE)",
