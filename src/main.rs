@@ -306,6 +306,10 @@ fn metrics_options(settings: &Settings) -> MetricsOptions {
         near_limit_ratio: settings.behaviour.near_limit_ratio as f32,
         max_request_keys: stats.max_request_keys,
         per_limit: !stats.per_limit_disabled,
+        local_cache: settings
+            .behaviour
+            .local_cache_bytes(&settings.backend.store)
+            > 0,
     }
 }
 

@@ -40,12 +40,7 @@ fn ratelimit_with(policies: &tempfile::TempDir, policy: &str) -> RatelimitBuilde
         .env("RUNTIME_SUBDIRECTORY", "ratelimit")
         .env("RUNTIME_WATCH_ROOT", "false")
         .env("USE_STATSD", "false")
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", "0")
-        .env("HOST", "127.0.0.1")
-        .env("PORT", "0")
-        .env("DEBUG_HOST", "127.0.0.1")
-        .env("DEBUG_PORT", "0")
+        .loopback_ports()
 }
 
 /// Three calls for one user: the limit of 3 a minute admits them all, a fourth is refused.

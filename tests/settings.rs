@@ -3,13 +3,14 @@
 //! and unsupported settings stopping start-up with a message naming the variable, flags winning
 //! over the environment, and `serve --help` naming every flag's variable.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use tollgate_testkit::mount::Mount;
 use tollgate_testkit::net::{agent, send};
 use tollgate_testkit::redis::RedisServer;
-use tollgate_testkit::reference::Ratelimit;
+use tollgate_testkit::reference::{Ratelimit, RatelimitBuilder};
 use tollgate_testkit::tollgate::{Tollgate, TollgateBuilder, tollgate_bin};
 use tollgate_testkit::wait;
 
@@ -34,6 +35,21 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 1}
 ";
 
+/// The variables of the reference's docker-compose example, on loopback ports of the system's
+/// choosing: Redis at `redis`, the policies in `<root>/ratelimit/config`, read without watching
+/// the root and skipping dotfiles (a ConfigMap's `..data` links).
+fn example_setup(redis: &RedisServer, root: &Path) -> RatelimitBuilder {
+    Ratelimit::builder()
+        .env("USE_STATSD", "false")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port()))
+        .env("RUNTIME_ROOT", root.display().to_string())
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("RUNTIME_WATCH_ROOT", "false")
+        .env("RUNTIME_IGNOREDOTFILES", "true")
+        .loopback_ports()
+}
+
 /// The reference's docker-compose example, as a Kubernetes Deployment mounts it: its
 /// variables, with the policies in a ConfigMap-shaped directory read without watching the root.
 #[test]
@@ -47,21 +63,8 @@ fn the_references_example_setup_serves_and_reloads_its_config_map() {
             ("example", EXAMPLE.as_bytes()),
         ],
     );
-    let ratelimit = Ratelimit::builder()
-        .env("USE_STATSD", "false")
+    let ratelimit = example_setup(&redis, data.path())
         .env("LOG_LEVEL", "debug")
-        .env("REDIS_SOCKET_TYPE", "tcp")
-        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port()))
-        .env("RUNTIME_ROOT", data.path().display().to_string())
-        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-        .env("RUNTIME_WATCH_ROOT", "false")
-        .env("RUNTIME_IGNOREDOTFILES", "true")
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", "0")
-        .env("HOST", "127.0.0.1")
-        .env("PORT", "0")
-        .env("DEBUG_HOST", "127.0.0.1")
-        .env("DEBUG_PORT", "0")
         .env("TOLLGATE_RELOAD_INTERVAL", "200ms")
         .start_healthy();
     let client = agent();
@@ -164,13 +167,8 @@ fn unsupported_but_harmless_settings_get_one_warning_line() {
             ("USE_STATSD", "true"),
             ("USE_DOG_STATSD", "true"),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-            ("GRPC_HOST", "127.0.0.1"),
-            ("GRPC_PORT", "0"),
-            ("HOST", "127.0.0.1"),
-            ("PORT", "0"),
-            ("DEBUG_PORT", "0"),
-            ("DEBUG_HOST", "127.0.0.1"),
         ])
+        .loopback_ports()
         .env("RUNTIME_ROOT", data.path().display().to_string())
         .start();
     let log = ratelimit.log();
@@ -324,4 +322,77 @@ fn a_rust_log_that_does_not_parse_is_named_and_logging_goes_on_at_info() {
         .start()
         .log();
     assert!(log.contains("tollgate listening"), "{log}");
+}
+
+/// The value of the unlabelled sample `name` in a Prometheus text exposition.
+fn gauge(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
+
+/// `LOCAL_CACHE_SIZE_IN_BYTES` turns the local over-limit cache on in front of Redis, and its
+/// counts appear under the reference's `ratelimit.localcache.*` gauge names, as its Prometheus
+/// sink exports them unmapped: refusals answered locally are hits, every hit looked up is a
+/// lookup. Without the cache, as in the reference, there are no such gauges.
+#[test]
+fn the_local_cache_reports_the_references_gauges_only_while_it_is_on() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let _config = Mount::create(
+        &data.path().join("ratelimit/config"),
+        &[("config.yaml", CONFIG.as_bytes())],
+    );
+    let start = |cache: Option<&str>| {
+        // Each instance counts under its own prefix: the second starts with no usage.
+        let mut builder = example_setup(&redis, data.path()).env(
+            "CACHE_KEY_PREFIX",
+            if cache.is_some() { "cached_" } else { "plain_" },
+        );
+        if let Some(bytes) = cache {
+            builder = builder.env("LOCAL_CACHE_SIZE_IN_BYTES", bytes);
+        }
+        builder.start_healthy()
+    };
+    let client = agent();
+
+    let cached = start(Some("1048576"));
+    let decide = || send(&client, "POST", &cached.url("/json"), &[], Some(REQUEST)).status;
+    // A limit of 2 a minute: two admitted, the third refused by Redis, the next two locally.
+    let codes: Vec<u16> = (0..5).map(|_| decide()).collect();
+    assert_eq!(codes, [200, 200, 429, 429, 429]);
+    let metrics = send(&client, "GET", &cached.url("/metrics"), &[], None).body;
+    let expected = [
+        ("hitCount", 2.0),
+        ("missCount", 3.0),
+        ("lookupCount", 5.0),
+        ("entryCount", 1.0),
+        ("evacuateCount", 0.0),
+        ("expiredCount", 0.0),
+        ("overwriteCount", 0.0),
+    ];
+    for (stat, value) in expected {
+        let name = format!("ratelimit_localcache_{stat}");
+        assert_eq!(gauge(&metrics, &name), Some(value), "{name} in\n{metrics}");
+        let family = format!("# TYPE {name} gauge\n");
+        assert!(metrics.contains(&family), "no {family:?} in\n{metrics}");
+    }
+    // The reference's statistic of the same refusals, per limit.
+    assert_eq!(
+        gauge(
+            &metrics,
+            "ratelimit_service_rate_limit_rl_foo_bar_over_limit_with_local_cache"
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+
+    let plain = start(None);
+    assert_eq!(
+        send(&client, "POST", &plain.url("/json"), &[], Some(REQUEST)).status,
+        200
+    );
+    let metrics = send(&client, "GET", &plain.url("/metrics"), &[], None).body;
+    assert!(!metrics.contains("ratelimit_localcache_"), "{metrics}");
 }

@@ -159,12 +159,7 @@ fn envoy_gateway_env(pod: &Pod, redis: &RedisServer) -> RatelimitBuilder {
             pod.path("statsd-exporter/conf.yaml"),
         )
         // Departure: free loopback ports instead of 8081, 8080, 6070 (and 19001 above).
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", "0")
-        .env("HOST", "127.0.0.1")
-        .env("PORT", "0")
-        .env("DEBUG_HOST", "127.0.0.1")
-        .env("DEBUG_PORT", "0")
+        .loopback_ports()
         // Certificate files are polled this often; short so rotation is seen promptly.
         .env("TOLLGATE_RELOAD_INTERVAL", "200ms")
 }

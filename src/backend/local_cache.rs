@@ -217,6 +217,12 @@ struct Metrics {
     evictions: Counter,
     entries: Gauge,
     bytes: Gauge,
+    /// Hits that came through the cache while it was on, answered here or not.
+    lookups: Counter,
+    /// Entries dropped because their instant had passed.
+    expired: Counter,
+    /// Entries replaced by a later refusal of the same window.
+    overwrites: Counter,
 }
 
 fn metrics() -> &'static Metrics {
@@ -252,6 +258,31 @@ pub fn register(registry: &mut Registry) {
         "Bytes held by the local over-limit cache (its tables and keys)",
         m.bytes.clone(),
     );
+}
+
+/// The cache's counts under envoyproxy/ratelimit's names for its own local cache, the gauges it
+/// reports under `ratelimit.localcache.` while that cache is on, so that dashboards reading them
+/// keep working:
+/// - `hitCount`: hits answered here; `lookupCount`: hits that came through the cache;
+///   `missCount`: the difference (asked of the backend);
+/// - `entryCount`: entries held; `evacuateCount`: live entries dropped to stay in the budget;
+///   `expiredCount`: entries dropped once their instant passed; `overwriteCount`: entries
+///   replaced by a later refusal of the same window.
+///
+/// The reference's `averageAccessTime` (the mean Unix time its entries were last read) has no
+/// counterpart here: entries are not stamped on reading, and no number is made up for it.
+pub fn reference_gauges() -> [(&'static str, u64); 7] {
+    let m = metrics();
+    let (hits, lookups) = (m.answers.get(), m.lookups.get());
+    [
+        ("evacuateCount", m.evictions.get()),
+        ("expiredCount", m.expired.get()),
+        ("entryCount", u64::try_from(m.entries.get()).unwrap_or(0)),
+        ("hitCount", hits),
+        ("missCount", lookups.saturating_sub(hits)),
+        ("lookupCount", lookups.max(hits)),
+        ("overwriteCount", m.overwrites.get()),
+    ]
 }
 
 /// A backend that answers known refusals from memory until the backend could admit them.
@@ -425,6 +456,7 @@ impl<B> LocalCache<B> {
             if !dominated {
                 *held = entry;
                 m.stored.inc();
+                m.overwrites.inc();
             }
             return;
         }
@@ -439,7 +471,9 @@ impl<B> LocalCache<B> {
             }
             if !swept {
                 swept = true;
-                if stripe.sweep(self.clock.now_ms()) > 0 {
+                let expired = stripe.sweep(self.clock.now_ms());
+                if expired > 0 {
+                    m.expired.inc_by(expired as u64);
                     continue;
                 }
             }
@@ -530,6 +564,7 @@ impl<B: Backend> LocalCache<B> {
         // from here: stored from an earlier instant, an entry can only end sooner than it must.
         let now_ms = self.clock.now_ms();
         let releases = self.releases();
+        metrics().lookups.inc_by(hits.len() as u64);
         if self.held.load(Ordering::Relaxed) == 0 {
             // Nothing to answer from: a hit stored meanwhile by another call only means this one
             // asks the backend, which is never wrong.
@@ -618,8 +653,10 @@ impl<B: Backend> Backend for LocalCache<B> {
         for stripe in self.stripes.iter() {
             let mut stripe = lock(stripe);
             let (bytes, len) = (stripe.bytes(), stripe.entries.len());
-            stripe.sweep(now_ms);
+            let expired = stripe.sweep(now_ms);
             self.account(&stripe, bytes, len);
+            drop(stripe);
+            metrics().expired.inc_by(expired as u64);
         }
         self.inner.maintain().await
     }

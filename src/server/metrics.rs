@@ -35,6 +35,9 @@ pub struct MetricsOptions {
     /// Whether each limit's statistics are recorded (the reference's `DISABLE_STATS=true`
     /// turns them off; the service's own series stay).
     pub per_limit: bool,
+    /// Whether the local over-limit cache is on: the reference then reports its counts as the
+    /// `ratelimit.localcache.*` gauges, and so do these statistics.
+    pub local_cache: bool,
 }
 
 impl Default for MetricsOptions {
@@ -44,6 +47,7 @@ impl Default for MetricsOptions {
             near_limit_ratio: 0.8,
             max_request_keys: DEFAULT_MAX_REQUEST_KEYS,
             per_limit: true,
+            local_cache: false,
         }
     }
 }
@@ -169,12 +173,15 @@ impl Metrics {
         let per_limit = options.per_limit;
         let mut registry = Registry::default();
         let overflowed = Counter::default();
-        let stats = std::sync::Arc::new(ReferenceStats::new(
-            options.mapper,
-            options.near_limit_ratio,
-            options.max_request_keys,
-            overflowed.clone(),
-        ));
+        let stats = std::sync::Arc::new(
+            ReferenceStats::new(
+                options.mapper,
+                options.near_limit_ratio,
+                options.max_request_keys,
+                overflowed.clone(),
+            )
+            .with_local_cache(options.local_cache),
+        );
         registry.register_collector(Box::new(std::sync::Arc::clone(&stats)));
         let own = registry.sub_registry_with_prefix("tollgate");
         // Counted at every call by every worker: split per worker ([`striped`]).

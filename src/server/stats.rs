@@ -233,6 +233,9 @@ pub struct ReferenceStats {
     grpc: OnceLock<GrpcSeries>,
     /// This instance's name in the [`LimitSeries`] it attaches.
     id: u64,
+    /// Whether the local over-limit cache is on, and with it the reference's
+    /// `ratelimit.localcache.*` gauges.
+    local_cache: bool,
 }
 
 #[derive(Debug)]
@@ -263,7 +266,49 @@ impl ReferenceStats {
             fixed: RwLock::new(HashMap::new()),
             grpc: OnceLock::new(),
             id: NEXT_STATS_ID.fetch_add(1, Ordering::Relaxed),
+            local_cache: false,
         }
+    }
+
+    /// Also reports the local over-limit cache's counts as the reference's
+    /// `ratelimit.localcache.<name>` gauges (`hitCount`, `missCount`, ...), which it reports
+    /// only while its own local cache is on (`LOCAL_CACHE_SIZE_IN_BYTES` above 0).
+    pub fn with_local_cache(mut self, on: bool) -> Self {
+        self.local_cache = on;
+        self
+    }
+
+    /// The local cache's gauges as mapped, by Prometheus name then labels; a name the counters
+    /// or histograms already use is left to them, so no family is written twice.
+    fn local_cache_gauges(&self) -> BTreeMap<String, BTreeMap<Labels, f64>> {
+        let mut gauges: BTreeMap<String, BTreeMap<Labels, f64>> = BTreeMap::new();
+        if !self.local_cache {
+            return gauges;
+        }
+        let taken = |name: &str| {
+            read(&self.store.counters).contains_key(name)
+                || read(&self.store.histograms).contains_key(name)
+        };
+        for (stat, value) in crate::backend::local_cache::reference_gauges() {
+            let (name, labels, scale) = match self
+                .mapper
+                .map(&format!("ratelimit.localcache.{stat}"), StatKind::Gauge)
+            {
+                Mapping::Series {
+                    name,
+                    labels,
+                    scale,
+                } => (name, labels, scale),
+                Mapping::Unmapped(name) => (name, Vec::new(), 1.0),
+                Mapping::Dropped => continue,
+            };
+            if taken(&name) {
+                continue;
+            }
+            // Gauges that map to one series add up, as counters do.
+            *gauges.entry(name).or_default().entry(labels).or_default() += value as f64 * scale;
+        }
+        gauges
     }
 
     /// How many request-built keys have series of their own.
@@ -454,6 +499,16 @@ impl Collector for ReferenceStats {
                     metric.encode_gauge(&counter.get())?;
                 } else {
                     metric.encode_family(labels)?.encode_gauge(&counter.get())?;
+                }
+            }
+        }
+        for (name, family) in self.local_cache_gauges() {
+            let mut metric = encoder.encode_descriptor(&name, HELP, None, MetricType::Gauge)?;
+            for (labels, value) in family {
+                if labels.is_empty() {
+                    metric.encode_gauge(&value)?;
+                } else {
+                    metric.encode_family(&labels)?.encode_gauge(&value)?;
                 }
             }
         }

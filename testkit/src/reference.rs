@@ -32,6 +32,19 @@ impl RatelimitBuilder {
         self
     }
 
+    /// Listens on free loopback ports of the system's choosing instead of the reference's 8081,
+    /// 8080 and 6070 (`GRPC_*`, `HOST`/`PORT`, `DEBUG_*`), so tests never race for a port.
+    pub fn loopback_ports(self) -> Self {
+        self.envs([
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", "0"),
+        ])
+    }
+
     /// Sets several variables.
     pub fn envs<'a>(mut self, vars: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         for (name, value) in vars {
