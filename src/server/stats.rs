@@ -290,17 +290,10 @@ impl ReferenceStats {
                 || read(&self.store.histograms).contains_key(name)
         };
         for (stat, value) in crate::backend::local_cache::reference_gauges() {
-            let (name, labels, scale) = match self
-                .mapper
-                .map(&format!("ratelimit.localcache.{stat}"), StatKind::Gauge)
-            {
-                Mapping::Series {
-                    name,
-                    labels,
-                    scale,
-                } => (name, labels, scale),
-                Mapping::Unmapped(name) => (name, Vec::new(), 1.0),
-                Mapping::Dropped => continue,
+            let Some((name, labels, scale)) =
+                self.resolve(&format!("ratelimit.localcache.{stat}"), StatKind::Gauge)
+            else {
+                continue;
             };
             if taken(&name) {
                 continue;
@@ -459,31 +452,29 @@ impl ReferenceStats {
 
     /// The histogram a timer of `statsd_name` maps to, with the factor its values are scaled by.
     fn timer(&self, statsd_name: &str) -> Option<(Histogram, f64)> {
-        match self.mapper.map(statsd_name, StatKind::Observer) {
-            Mapping::Series {
-                name,
-                labels,
-                scale,
-            } => Some((self.store.histogram(&name, &labels), scale)),
-            Mapping::Unmapped(name) => Some((self.store.histogram(&name, &Vec::new()), 1.0)),
-            Mapping::Dropped => None,
-        }
+        let (name, labels, scale) = self.resolve(statsd_name, StatKind::Observer)?;
+        Some((self.store.histogram(&name, &labels), scale))
     }
 
     fn handle(&self, statsd_name: &str, kind: StatKind) -> Option<Handle> {
+        let (name, labels, scale) = self.resolve(statsd_name, kind)?;
+        Some(Handle {
+            counter: self.store.counter(&name, &labels),
+            scale,
+        })
+    }
+
+    /// Where a statistic goes: the Prometheus name, labels and scale its mapping gives (an
+    /// unmapped statistic keeps its escaped name, no labels and its values as sent), or `None`
+    /// when a `drop` rule matches.
+    fn resolve(&self, statsd_name: &str, kind: StatKind) -> Option<(String, Labels, f64)> {
         match self.mapper.map(statsd_name, kind) {
             Mapping::Series {
                 name,
                 labels,
                 scale,
-            } => Some(Handle {
-                counter: self.store.counter(&name, &labels),
-                scale,
-            }),
-            Mapping::Unmapped(name) => Some(Handle {
-                counter: self.store.counter(&name, &Vec::new()),
-                scale: 1.0,
-            }),
+            } => Some((name, labels, scale)),
+            Mapping::Unmapped(name) => Some((name, Vec::new(), 1.0)),
             Mapping::Dropped => None,
         }
     }
@@ -492,25 +483,18 @@ impl ReferenceStats {
 impl Collector for ReferenceStats {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for (name, family) in read(&self.store.counters).iter() {
-            let mut metric = encoder.encode_descriptor(name, HELP, None, MetricType::Unknown)?;
-            for (labels, counter) in family {
-                // Without labels, no braces: `name 1`, as the reference's series read.
-                if labels.is_empty() {
-                    metric.encode_gauge(&counter.get())?;
-                } else {
-                    metric.encode_family(labels)?.encode_gauge(&counter.get())?;
-                }
-            }
+            let values = family
+                .iter()
+                .map(|(labels, counter)| (labels, counter.get()));
+            encode_values(&mut encoder, name, MetricType::Unknown, values)?;
         }
         for (name, family) in self.local_cache_gauges() {
-            let mut metric = encoder.encode_descriptor(&name, HELP, None, MetricType::Gauge)?;
-            for (labels, value) in family {
-                if labels.is_empty() {
-                    metric.encode_gauge(&value)?;
-                } else {
-                    metric.encode_family(&labels)?.encode_gauge(&value)?;
-                }
-            }
+            encode_values(
+                &mut encoder,
+                &name,
+                MetricType::Gauge,
+                family.iter().map(|(l, v)| (l, *v)),
+            )?;
         }
         for (name, family) in read(&self.store.histograms).iter() {
             // A series without labels is the family's own (the encoder gives no way to add an
@@ -529,6 +513,25 @@ impl Collector for ReferenceStats {
         }
         Ok(())
     }
+}
+
+/// Writes one family of plain values under `name`, typed `kind`. A series without labels is
+/// written without braces (`name 1`), as the reference's series read.
+fn encode_values<'a, T: prometheus_client::encoding::EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    kind: MetricType,
+    values: impl Iterator<Item = (&'a Labels, T)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, HELP, None, kind)?;
+    for (labels, value) in values {
+        if labels.is_empty() {
+            metric.encode_gauge(&value)?;
+        } else {
+            metric.encode_family(labels)?.encode_gauge(&value)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
