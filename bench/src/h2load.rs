@@ -1,8 +1,9 @@
 //! h2load (from nghttp2) as a second load generator: a small C client that sends one request
 //! body over and over, on `connections` HTTP/2 connections with `streams` calls in flight on
-//! each. It is what operators reach for to compare gRPC servers, and it costs far less CPU per
-//! call than `tollgate-bench load` (a tonic client): on a machine where the servers share the
-//! cores with the generator, it leaves them more of those cores. Its price: every call is the
+//! each. It is what operators reach for to compare gRPC servers, and it costs about half the CPU
+//! per call of `tollgate-bench load` (which keeps per-call values, timing and percentiles): on a
+//! machine where the servers share the cores with the generator, it leaves them more of those
+//! cores. Its price: every call is the
 //! same request (one descriptor value), and it reports the mean latency, not percentiles.
 //!
 //! h2load only sees HTTP statuses, and a gRPC error is an HTTP 200 with a `grpc-status` trailer,

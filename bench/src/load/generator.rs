@@ -11,11 +11,10 @@ use hdrhistogram::Histogram;
 use tokio::time::Instant;
 use tollgate::proto::rate_limit_descriptor::Entry;
 use tollgate::proto::rate_limit_response::Code;
-use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::proto::{RateLimitDescriptor, RateLimitRequest};
-use tonic::transport::{Channel, Endpoint};
 
 use crate::load::args::Stop;
+use crate::load::client::{Client, Failed};
 use crate::load::keys::KeySampler;
 
 /// Latencies are recorded in nanoseconds, from 1 µs resolution up to an hour; anything longer
@@ -189,7 +188,7 @@ impl Schedule {
 /// A load generator connected to its target.
 pub struct Load {
     /// One client per HTTP/2 connection.
-    pub clients: Vec<RateLimitServiceClient<Channel>>,
+    pub clients: Vec<Client>,
     /// Calls in flight at once.
     pub concurrency: u32,
     /// Open-loop rate in calls per second, or closed loop.
@@ -258,34 +257,18 @@ impl Load {
     }
 }
 
-/// Opens `connections` separate HTTP/2 connections to `target` (each endpoint connects on its
-/// own, so calls really are spread over that many TCP connections).
-pub async fn connect(
-    target: &str,
-    connections: u32,
-) -> anyhow::Result<Vec<RateLimitServiceClient<Channel>>> {
-    let uri = if target.contains("://") {
-        target.to_owned()
-    } else {
-        format!("http://{target}")
-    };
-    let endpoint = Endpoint::from_shared(uri)
-        .with_context(|| format!("`{target}` is not a valid target URI"))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true);
+/// Opens `connections` separate HTTP/2 connections to `target`, so calls really are spread over
+/// that many TCP connections.
+pub async fn connect(target: &str, connections: u32) -> anyhow::Result<Vec<Client>> {
     let mut clients = Vec::with_capacity(connections as usize);
     for _ in 0..connections {
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("cannot connect to {target}"))?;
-        clients.push(RateLimitServiceClient::new(channel));
+        clients.push(Client::connect(target, CONNECT_TIMEOUT).await?);
     }
     Ok(clients)
 }
 
 struct Worker {
-    client: RateLimitServiceClient<Channel>,
+    client: Client,
     schedule: Arc<Schedule>,
     shape: Arc<Shape>,
     tallies: Arc<Vec<Mutex<Tally>>>,
@@ -309,17 +292,12 @@ impl Worker {
                 }
                 None => Instant::now(),
             };
-            let mut call = tonic::Request::new(request);
-            call.set_timeout(self.timeout);
-            let outcome =
-                match tokio::time::timeout(self.timeout, self.client.should_rate_limit(call)).await
-                {
-                    Ok(Ok(response)) => {
-                        Outcome::Answered(Code::try_from(response.get_ref().overall_code).ok())
-                    }
-                    Ok(Err(status)) => Outcome::Failed(status.code()),
-                    Err(_elapsed) => Outcome::Failed(tonic::Code::DeadlineExceeded),
-                };
+            let call = self.client.should_rate_limit(&request, self.timeout);
+            let outcome = match tokio::time::timeout(self.timeout, call).await {
+                Ok(Ok(response)) => Outcome::Answered(Code::try_from(response.overall_code).ok()),
+                Ok(Err(Failed(code))) => Outcome::Failed(code),
+                Err(_elapsed) => Outcome::Failed(tonic::Code::DeadlineExceeded),
+            };
             let latency = measured_from.elapsed();
             let mut tally = self.tallies[self.shard]
                 .lock()

@@ -4,6 +4,7 @@
 //! an HDR latency histogram. The scenarios drive tollgate with the same generator.
 
 pub mod args;
+pub mod client;
 pub mod generator;
 pub mod keys;
 pub mod summary;

@@ -1,19 +1,19 @@
 //! `grpc-floor`: tollgate on the memory backend against an empty RLS server, the floor of what
 //! a decision can cost beside gRPC itself.
 //!
-//! The empty server ([`crate::empty`]) is the same gRPC service on the same transport, answering
-//! OK without deciding; it runs as a process of its own, as tollgate does. Each run measures both
+//! The empty server ([`crate::empty`]) is the same gRPC service on the same transport, answering OK
+//! without deciding; it runs as a process of its own, as tollgate does. Each run measures both
 //! closed loop, one after the other, alternating which goes first so the machine's other work
 //! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
 //! latency a server has when it is not saturated, and at a rate far below either peak
 //! ([`QUIET_RATE`]), for the latency of a call that finds nothing queued: the floor that this
-//! machine and the generator put under every open-loop latency. Then the same again with a second pair of
-//! servers started on one CPU and a generator of their own on the others, so that a server's
-//! latency is not the time it waits for a core the generator holds. Last, where h2load is
-//! installed, the first pair again under h2load, which costs far less a call than our generator:
-//! with more of the shared cores left to the servers, the gap between them shows whole. Reported:
-//! decisions per second of each, their ratio (the median of the runs' ratios), CPU per decision
-//! of each process, and the latency at half the peak, sharing the cores and apart.
+//! machine and the generator put under every open-loop latency. Then the same again with a second
+//! pair of servers started on one CPU and a generator of their own on the others, so that a
+//! server's latency is not the time it waits for a core the generator holds. Last, where h2load is
+//! installed, the first pair again under h2load, which costs about half as much a call as our
+//! generator: with more of the shared cores left to the servers, the gap between them shows whole.
+//! Reported: decisions per second of each, their ratio (the median of the runs' ratios), CPU per
+//! decision of each process, and the latency at half the peak, sharing the cores and apart.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -482,7 +482,7 @@ fn render_h2load(runs: &[FloorH2LoadRun], out: &mut String) {
     let _ = writeln!(
         out,
         "\nThe same two servers under h2load (nghttp2's load generator, a C client that spends \
-         far less CPU on a call than the generator above, so it leaves the servers more of the \
+         about half the CPU on a call of the generator above, so it leaves the servers more of the \
          cores they share with it), after the runs above, each run rotating which goes first: \
          {} connections × {} calls in flight, every call the same request (one descriptor \
          value), checked once to be answered OK, since h2load sees only HTTP statuses. h2load \

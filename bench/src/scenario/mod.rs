@@ -34,18 +34,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use clap::ValueEnum;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::runtime::Runtime;
-use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::proto::{RateLimitRequest, RateLimitResponse};
-use tonic::transport::Channel;
 
 use crate::doc::{count, count_range, fixed, median, ms, range};
 use crate::load::args::Stop;
+use crate::load::client::{Client, Failed};
 use crate::load::generator::{Load, Shape, connect};
 use crate::load::keys::KeySampler;
 use crate::load::summary::Summary;
@@ -532,7 +531,7 @@ pub struct Loader {
 
 /// Connections to one tollgate, reused by every phase sent to it.
 pub struct Connections {
-    clients: Vec<RateLimitServiceClient<Channel>>,
+    clients: Vec<Client>,
 }
 
 /// One phase of load.
@@ -587,15 +586,13 @@ impl Loader {
         request: &RateLimitRequest,
     ) -> anyhow::Result<RateLimitResponse> {
         self.runtime.block_on(async {
-            let mut clients = connect(&format!("http://{addr}"), 1).await?;
-            let client = clients.first_mut().context("no connection to call on")?;
-            let mut call = tonic::Request::new(request.clone());
-            call.set_timeout(CALL_TIMEOUT);
-            let answer = client
-                .should_rate_limit(call)
-                .await
-                .with_context(|| format!("calling {addr}"))?;
-            Ok(answer.into_inner())
+            let client = Client::connect(&addr.to_string(), CALL_TIMEOUT).await?;
+            let call = client.should_rate_limit(request, CALL_TIMEOUT);
+            match tokio::time::timeout(CALL_TIMEOUT, call).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(Failed(code))) => Err(anyhow!("calling {addr}: {code:?}")),
+                Err(_) => Err(anyhow!("calling {addr}: no answer within {CALL_TIMEOUT:?}")),
+            }
         })
     }
 
