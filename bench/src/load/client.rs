@@ -29,6 +29,25 @@ pub struct Client {
     uri: Uri,
 }
 
+/// A call's deadline: how long the caller waits, and the same as the `grpc-timeout` header sent
+/// with the call (as tonic sends it), formatted once rather than per call.
+#[derive(Debug, Clone)]
+pub struct Deadline {
+    timeout: Duration,
+    header: HeaderValue,
+}
+
+impl Deadline {
+    /// A deadline `timeout` after each call starts.
+    pub fn new(timeout: Duration) -> Deadline {
+        // At most eight digits, as gRPC allows.
+        let ms = timeout.as_millis().min(99_999_999);
+        let header = HeaderValue::from_str(&format!("{ms}m"))
+            .unwrap_or(HeaderValue::from_static("99999999m"));
+        Deadline { timeout, header }
+    }
+}
+
 /// How a call ended without an answer, by gRPC status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failed(pub tonic::Code);
@@ -73,12 +92,22 @@ impl Client {
         Ok(Client { send, uri })
     }
 
-    /// Makes one `ShouldRateLimit` call; `timeout` is sent as the call's deadline
-    /// (`grpc-timeout`), as tonic sends it.
+    /// Makes one `ShouldRateLimit` call, which fails with `DEADLINE_EXCEEDED` once `deadline`
+    /// has passed without an answer.
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
-        timeout: Duration,
+        deadline: &Deadline,
+    ) -> Result<RateLimitResponse, Failed> {
+        tokio::time::timeout(deadline.timeout, self.call(request, deadline))
+            .await
+            .unwrap_or(Err(Failed(tonic::Code::DeadlineExceeded)))
+    }
+
+    async fn call(
+        &self,
+        request: &RateLimitRequest,
+        deadline: &Deadline,
     ) -> Result<RateLimitResponse, Failed> {
         let unavailable = |_| Failed(tonic::Code::Unavailable);
         let mut head = Request::builder()
@@ -89,7 +118,7 @@ impl Client {
         let headers = head.headers_mut();
         headers.insert("content-type", HeaderValue::from_static("application/grpc"));
         headers.insert("te", HeaderValue::from_static("trailers"));
-        headers.insert("grpc-timeout", deadline(timeout));
+        headers.insert("grpc-timeout", deadline.header.clone());
 
         let mut send = self.send.clone().ready().await.map_err(unavailable)?;
         let (response, mut stream) = send.send_request(head, false).map_err(unavailable)?;
@@ -146,12 +175,6 @@ fn status(headers: &HeaderMap) -> Option<tonic::Code> {
     Some(tonic::Code::from_i32(value))
 }
 
-/// `timeout` as a `grpc-timeout` value, in milliseconds (at most eight digits, as gRPC allows).
-fn deadline(timeout: Duration) -> HeaderValue {
-    let ms = timeout.as_millis().min(99_999_999);
-    HeaderValue::from_str(&format!("{ms}m")).unwrap_or(HeaderValue::from_static("99999999m"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,8 +196,40 @@ mod tests {
 
     #[test]
     fn the_deadline_is_in_milliseconds() {
-        assert_eq!(deadline(Duration::from_secs(2)), "2000m");
-        assert_eq!(deadline(Duration::from_secs(1_000_000)), "99999999m");
+        assert_eq!(Deadline::new(Duration::from_secs(2)).header, "2000m");
+        assert_eq!(
+            Deadline::new(Duration::from_secs(1_000_000)).header,
+            "99999999m"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_unanswered_by_its_deadline_fails_with_deadline_exceeded() {
+        // A real HTTP/2 server that takes the call and never answers it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut connection = h2::server::handshake(tcp).await.unwrap();
+            let mut held = Vec::new();
+            while let Some(Ok(call)) = connection.accept().await {
+                held.push(call);
+            }
+        });
+        let client = Client::connect(&target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let (request, deadline) = (
+            RateLimitRequest::default(),
+            Deadline::new(Duration::from_millis(100)),
+        );
+        let call = client.should_rate_limit(&request, &deadline);
+        // Far beyond the deadline: a client that ignored it fails here rather than hanging.
+        let answer = tokio::time::timeout(Duration::from_secs(60), call)
+            .await
+            .expect("the call outlived its deadline");
+        assert_eq!(answer, Err(Failed(tonic::Code::DeadlineExceeded)));
+        server.abort();
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tollgate::proto::rate_limit_response::Code;
 use tollgate::proto::{RateLimitDescriptor, RateLimitRequest};
 
 use crate::load::args::Stop;
-use crate::load::client::{Client, Failed};
+use crate::load::client::{Client, Deadline, Failed};
 use crate::load::keys::KeySampler;
 
 /// Latencies are recorded in nanoseconds, from 1 µs resolution up to an hour; anything longer
@@ -221,6 +221,7 @@ impl Load {
             rate: self.rate,
         });
 
+        let deadline = Deadline::new(self.timeout);
         let mut workers = Vec::with_capacity(self.concurrency as usize);
         for worker in 0..self.concurrency as usize {
             let client = self.clients[worker % self.clients.len()].clone();
@@ -230,7 +231,7 @@ impl Load {
                 shape: Arc::clone(&self.shape),
                 tallies: Arc::clone(&tallies),
                 shard: worker % shards,
-                timeout: self.timeout,
+                deadline: deadline.clone(),
                 // Distinct, repeatable streams per worker and phase.
                 rng: Rng::with_seed(
                     self.seed
@@ -273,7 +274,7 @@ struct Worker {
     shape: Arc<Shape>,
     tallies: Arc<Vec<Mutex<Tally>>>,
     shard: usize,
-    timeout: Duration,
+    deadline: Deadline,
     rng: Rng,
 }
 
@@ -292,11 +293,13 @@ impl Worker {
                 }
                 None => Instant::now(),
             };
-            let call = self.client.should_rate_limit(&request, self.timeout);
-            let outcome = match tokio::time::timeout(self.timeout, call).await {
-                Ok(Ok(response)) => Outcome::Answered(Code::try_from(response.overall_code).ok()),
-                Ok(Err(Failed(code))) => Outcome::Failed(code),
-                Err(_elapsed) => Outcome::Failed(tonic::Code::DeadlineExceeded),
+            let outcome = match self
+                .client
+                .should_rate_limit(&request, &self.deadline)
+                .await
+            {
+                Ok(response) => Outcome::Answered(Code::try_from(response.overall_code).ok()),
+                Err(Failed(code)) => Outcome::Failed(code),
             };
             let latency = measured_from.elapsed();
             let mut tally = self.tallies[self.shard]

@@ -44,7 +44,7 @@ use tollgate::proto::{RateLimitRequest, RateLimitResponse};
 
 use crate::doc::{count, count_range, fixed, median, ms, range};
 use crate::load::args::Stop;
-use crate::load::client::{Client, Failed};
+use crate::load::client::{Client, Deadline, Failed};
 use crate::load::generator::{Load, Shape, connect};
 use crate::load::keys::KeySampler;
 use crate::load::summary::Summary;
@@ -587,12 +587,10 @@ impl Loader {
     ) -> anyhow::Result<RateLimitResponse> {
         self.runtime.block_on(async {
             let client = Client::connect(&addr.to_string(), CALL_TIMEOUT).await?;
-            let call = client.should_rate_limit(request, CALL_TIMEOUT);
-            match tokio::time::timeout(CALL_TIMEOUT, call).await {
-                Ok(Ok(answer)) => Ok(answer),
-                Ok(Err(Failed(code))) => Err(anyhow!("calling {addr}: {code:?}")),
-                Err(_) => Err(anyhow!("calling {addr}: no answer within {CALL_TIMEOUT:?}")),
-            }
+            client
+                .should_rate_limit(request, &Deadline::new(CALL_TIMEOUT))
+                .await
+                .map_err(|Failed(code)| anyhow!("calling {addr}: {code:?}"))
         })
     }
 
