@@ -7,9 +7,13 @@
 -- ARGV[3]  cost c: 0 = check only (consume nothing), else the units to consume, 1 .. 2^53-1
 --          (the caller saturates larger costs at 2^53-1)
 -- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
---          does not fit is still charged, as envoyproxy/ratelimit counts)
--- ARGV[5]  optional decision time in ms since the epoch, for tests; without it the server's
---          clock (TIME) decides, so the clocks of the tollgate instances do not matter
+--          does not fit is still charged, as envoyproxy/ratelimit counts); absent = 0
+-- ARGV[5]  optional decision time in ms since the epoch, for tests (ARGV[4] then present);
+--          without it the server's clock (TIME) decides, so the clocks of the tollgate
+--          instances do not matter
+--
+-- The caller leaves out ARGV[4] when it is 0, as it is for nearly every hit: Redis makes every
+-- argument a Lua string before the script runs.
 --
 -- Reply: { admitted (1|0), remaining, reset_ms, k }
 --   admitted   c fits: used + c <= L (a check: used <= L)

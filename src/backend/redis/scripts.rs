@@ -116,6 +116,9 @@ impl Scripts {
             Counting::Admitted => 0,
             Counting::All => 1,
         };
+        // The options after the cost are left out while they are 0, as they are for nearly
+        // every hit: the scripts read a missing one as 0, and Redis spends work on every
+        // argument (five make the log's ARGV table grow a second time).
         let args = match hit.algorithm {
             Algorithm::SlidingWindowCounter => {
                 Args::new([limit, hit.window_ms, cost, count_refused])
@@ -127,7 +130,8 @@ impl Scripts {
                 count_refused,
                 hit.lease_ms.min(lease::MAX_LEASE_MS),
             ]),
-        };
+        }
+        .without_trailing_zeros(ACQUIRE_REQUIRED_ARGS);
         let (script, suffixes) = match hit.algorithm {
             Algorithm::SlidingWindowCounter => (&self.counter, COUNTER_KEYS),
             Algorithm::SlidingWindowLog => (&self.log, LOG_KEYS),
@@ -200,11 +204,18 @@ pub trait ScriptCommand {
 /// time, and a decision time.
 const MAX_ARGS: usize = 6;
 
+/// The arguments every acquire call sends: limit, window and cost; the options after them may
+/// be left out as 0.
+const ACQUIRE_REQUIRED_ARGS: usize = 3;
+
 /// A script call's integer arguments, kept inline: a call is built for every hit.
 #[derive(Debug, Clone, Copy)]
 struct Args {
     values: [u64; MAX_ARGS],
     len: usize,
+    /// How many the script takes before the optional decision time: where `Call::at` puts it,
+    /// once the zeros left out are back.
+    full: usize,
 }
 
 impl Args {
@@ -213,9 +224,19 @@ impl Args {
         let mut args = Args {
             values: [0; MAX_ARGS],
             len: N,
+            full: N,
         };
         args.values[..N].copy_from_slice(&values);
         args
+    }
+
+    /// Leaves out the zeros at the end, keeping at least the first `required` values; every
+    /// value past `len` stays 0, so putting them back is setting `len` again.
+    fn without_trailing_zeros(mut self, required: usize) -> Args {
+        while self.len > required && self.values[self.len - 1] == 0 {
+            self.len -= 1;
+        }
+        self
     }
 
     fn as_slice(&self) -> &[u64] {
@@ -235,12 +256,14 @@ pub struct Call<'a> {
 }
 
 impl Call<'_> {
-    /// Adds a decision time to the arguments, instead of the server's clock (tests only). Acquire
-    /// calls, the only ones that take it, always have room for it.
+    /// Adds a decision time to the arguments, instead of the server's clock (tests only), after
+    /// every option the call left out as 0 is put back, so that the time is where the script
+    /// reads it. Acquire calls, the only ones that take it, always have room for it.
     pub fn at(mut self, now_ms: u64) -> Self {
-        if let Some(slot) = self.args.values.get_mut(self.args.len) {
+        let full = self.args.full;
+        if let Some(slot) = self.args.values.get_mut(full) {
             *slot = now_ms;
-            self.args.len += 1;
+            self.args.len = full + 1;
         }
         self
     }
@@ -389,4 +412,96 @@ fn reply_fields(reply: Value) -> Result<[i64; 4], BackendError> {
             fields.len()
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arguments `call` sends after its keys, as text.
+    fn sent_args(call: &Call<'_>) -> Vec<String> {
+        let cmd = call.evalsha();
+        let keys = call.suffixes.len();
+        cmd.args_iter()
+            .skip(3 + keys)
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn hit(algorithm: Algorithm, counting: Counting, lease_ms: u64) -> Hit {
+        Hit {
+            key: "domain|user=a".to_owned(),
+            algorithm,
+            limit: 10,
+            window_ms: 60_000,
+            cost: Cost::Consume(1),
+            counting,
+            shards: 1,
+            lease_ms,
+        }
+    }
+
+    #[test]
+    fn an_ordinary_hit_sends_limit_window_and_cost_only() {
+        let scripts = Scripts::default();
+        let keys = KeySpace::new("tollgate:");
+        for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::SlidingWindowLog] {
+            let call = scripts
+                .acquire(&keys, &hit(algorithm, Counting::Admitted, 0))
+                .expect("a valid hit");
+            assert_eq!(sent_args(&call), ["10", "60000", "1"], "{algorithm:?}");
+        }
+    }
+
+    #[test]
+    fn options_after_the_cost_are_sent_up_to_the_last_that_is_not_zero() {
+        let scripts = Scripts::default();
+        let keys = KeySpace::new("tollgate:");
+        let counted = |algorithm, counting, lease| {
+            let call = scripts
+                .acquire(&keys, &hit(algorithm, counting, lease))
+                .expect("a valid hit");
+            sent_args(&call)
+        };
+        assert_eq!(
+            counted(Algorithm::SlidingWindowCounter, Counting::All, 0),
+            ["10", "60000", "1", "1"]
+        );
+        assert_eq!(
+            counted(Algorithm::SlidingWindowLog, Counting::All, 0),
+            ["10", "60000", "1", "1"]
+        );
+        assert_eq!(
+            counted(Algorithm::SlidingWindowLog, Counting::Admitted, 250),
+            ["10", "60000", "1", "0", "250"]
+        );
+    }
+
+    #[test]
+    fn a_decision_time_goes_where_the_script_reads_it_after_the_options_left_out() {
+        let scripts = Scripts::default();
+        let keys = KeySpace::new("tollgate:");
+        let at = |algorithm, counting| {
+            let call = scripts
+                .acquire(&keys, &hit(algorithm, counting, 0))
+                .expect("a valid hit")
+                .at(1_700_000_000_000);
+            sent_args(&call)
+        };
+        assert_eq!(
+            at(Algorithm::SlidingWindowCounter, Counting::Admitted),
+            ["10", "60000", "1", "0", "1700000000000"]
+        );
+        assert_eq!(
+            at(Algorithm::SlidingWindowLog, Counting::Admitted),
+            ["10", "60000", "1", "0", "0", "1700000000000"]
+        );
+        assert_eq!(
+            at(Algorithm::SlidingWindowLog, Counting::All),
+            ["10", "60000", "1", "1", "0", "1700000000000"]
+        );
+    }
 }

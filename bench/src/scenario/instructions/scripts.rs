@@ -107,18 +107,16 @@ impl Script {
     }
 
     /// The arguments after the key: for a decision, what tollgate sends for an ordinary hit of
-    /// cost 1 under a limit no load reaches (limit, window, cost, counting, and the log's lease
-    /// time).
+    /// cost 1 under a limit no load reaches (limit, window and cost; the options after the cost
+    /// are 0 and left out).
     fn arguments(self) -> Vec<String> {
-        let decision = |extra: &[&str]| {
-            let mut args = vec![UNREACHABLE_LIMIT.to_string(), WINDOW_MS.to_string()];
-            args.extend(extra.iter().map(|arg| (*arg).to_owned()));
-            args
-        };
         match self {
             Script::Minimal | Script::LogCommands | Script::LogCommandsOneKey => Vec::new(),
-            Script::Counter => decision(&["1", "0"]),
-            Script::Log => decision(&["1", "0", "0"]),
+            Script::Counter | Script::Log => vec![
+                UNREACHABLE_LIMIT.to_string(),
+                WINDOW_MS.to_string(),
+                "1".to_owned(),
+            ],
         }
     }
 }
