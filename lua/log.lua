@@ -55,9 +55,9 @@ local SCAN = 64 -- the most entries read per step when looking for the retry tim
 -- test number, which cost this script about 1,500 instructions a call, counted on redis-server.
 -- They are formatted where they are used: counted on redis-server, formatting them through a
 -- helper function cost this script about 3,000 instructions a call more (2.6%).
-local INT, MEMBER = '%.0f', '%.0f:%.0f'
+local INT = '%.0f'
 if struct.size('l') == 8 then
-  INT, MEMBER = '%d', '%d:%d'
+  INT = '%d'
 end
 
 local function cost_of(member)
@@ -148,8 +148,18 @@ if entry > 0 then
   if admitted then
     stamp = now + ahead
   end
-  redis.call('ZADD', log, string.format(INT, stamp), string.format(MEMBER, id, entry))
-  redis.call('HSET', meta, 'sum', string.format(INT, used), 'seq', string.format(INT, id))
+  -- The id is formatted once, for the member and the hash alike, and the usual cost of 1 is
+  -- appended as text: counted on redis-server, formatting the member and the id apart cost
+  -- this script about 1,900 instructions a call more (1.8%).
+  local text_id = string.format(INT, id)
+  local member
+  if entry == 1 then
+    member = text_id .. ':1'
+  else
+    member = text_id .. ':' .. string.format(INT, entry)
+  end
+  redis.call('ZADD', log, string.format(INT, stamp), member)
+  redis.call('HSET', meta, 'sum', string.format(INT, used), 'seq', text_id)
   local ttl = string.format(INT, window + (stamp - now) + MARGIN_MS)
   redis.call('PEXPIRE', meta, ttl)
   redis.call('PEXPIRE', log, ttl)
