@@ -39,6 +39,16 @@ pub fn key_suffixes(algorithm: Algorithm) -> &'static [&'static str] {
     }
 }
 
+/// What tollgate sends after the keys of an ordinary hit of cost 1 under a limit no load
+/// reaches: limit, window and cost (the options after the cost are 0, and left out).
+pub fn hit_arguments() -> [String; 3] {
+    [
+        UNREACHABLE_LIMIT.to_string(),
+        WINDOW_MS.to_string(),
+        "1".to_owned(),
+    ]
+}
+
 /// The `redis-benchmark` binary: `$TOLLGATE_REDIS_BENCHMARK`, else the one on the `PATH`.
 pub fn redis_benchmark_bin() -> anyhow::Result<PathBuf> {
     crate::proc::find_tool(
@@ -109,11 +119,7 @@ impl Ceiling {
         let keys = self.keys_argument();
         let mut command = vec!["EVALSHA".to_owned(), sha.to_owned(), keys.len().to_string()];
         command.extend(keys);
-        command.extend([
-            UNREACHABLE_LIMIT.to_string(),
-            WINDOW_MS.to_string(),
-            "1".to_owned(),
-        ]);
+        command.extend(hit_arguments());
         command
     }
 

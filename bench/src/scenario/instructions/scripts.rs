@@ -19,12 +19,13 @@ use serde::{Deserialize, Serialize};
 use tollgate_testkit::redis::RedisServer;
 
 use super::{callgrind, dumped_total, per_call_of, under_callgrind};
+use crate::ceiling::hit_arguments;
 use crate::doc::{Align, Table, count, count_range, median, range};
+use crate::scenario::Algorithm;
 use crate::scenario::redis_cpu::invocation::{Invocation, source};
 use crate::scenario::redis_cpu::{
     LOG_COMMANDS_SCRIPT, MINIMAL_SCRIPT, benchmark_server, load_script,
 };
-use crate::scenario::{Algorithm, UNREACHABLE_LIMIT, WINDOW_MS};
 
 /// Connections redis-benchmark opens, one call in flight each.
 pub const CONNECTIONS: u32 = 16;
@@ -112,11 +113,7 @@ impl Script {
     fn arguments(self) -> Vec<String> {
         match self {
             Script::Minimal | Script::LogCommands | Script::LogCommandsOneKey => Vec::new(),
-            Script::Counter | Script::Log => vec![
-                UNREACHABLE_LIMIT.to_string(),
-                WINDOW_MS.to_string(),
-                "1".to_owned(),
-            ],
+            Script::Counter | Script::Log => hit_arguments().to_vec(),
         }
     }
 }

@@ -19,9 +19,9 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use super::{benchmark, load_script};
-use crate::ceiling::{key_suffixes, script};
+use crate::ceiling::{hit_arguments, key_suffixes, script};
 use crate::doc::{Align, Table, count, fixed, median, times_by_run};
-use crate::scenario::{Algorithm, DOMAIN, UNREACHABLE_LIMIT, WINDOW_MS, distinct, run_ratios};
+use crate::scenario::{Algorithm, DOMAIN, WINDOW_MS, distinct, run_ratios};
 use crate::stand::{KEY_PREFIX, Nodes};
 
 /// How the decision code is called.
@@ -174,11 +174,7 @@ fn commands(
     algorithm: Algorithm,
 ) -> anyhow::Result<Vec<(Invocation, Vec<String>)>> {
     let server = nodes.masters().first().context("no Redis server")?;
-    let arguments = [
-        UNREACHABLE_LIMIT.to_string(),
-        WINDOW_MS.to_string(),
-        "1".to_owned(),
-    ];
+    let arguments = hit_arguments();
     let mut out = Vec::new();
     for invocation in Invocation::ALL {
         let text = source(algorithm, invocation);
