@@ -23,7 +23,13 @@
 -- its table a second time (counted on redis-server, the two cost this script about 2,600
 -- instructions a call, 2.4%).
 --
--- Reply: { admitted (1|0), remaining, reset_ms, id }
+-- Reply, for an admitted hit that recorded an entry (nearly every call): the text "<id> <sum>",
+--   the entry's id and the log's sum after it. The caller knows the rest: remaining = L - sum
+--   (an admitted hit leaves the sum at most L), reset_ms = W + ahead. Redis turns a table answer into a reply by
+--   first probing the table for seven special fields, making a string for each; counted on
+--   redis-server, answering this text instead of the table saves the script about 5,400
+--   instructions a call (5.3%).
+-- Reply, otherwise: { admitted (1|0), remaining, reset_ms, id }
 --   admitted   c fits: used + c <= L (a check: used <= L)
 --   remaining  L - used after the charge, if any (at least 0)
 --   reset_ms   admitted: time until the newest entry leaves the window (0 when the log is empty;
@@ -159,10 +165,15 @@ if entry > 0 then
     member = text_id .. ':' .. string.format(INT, entry)
   end
   redis.call('ZADD', log, string.format(INT, stamp), member)
-  redis.call('HSET', meta, 'sum', string.format(INT, used), 'seq', text_id)
+  local used_text = string.format(INT, used)
+  redis.call('HSET', meta, 'sum', used_text, 'seq', text_id)
   local ttl = string.format(INT, window + (stamp - now) + MARGIN_MS)
   redis.call('PEXPIRE', meta, ttl)
   redis.call('PEXPIRE', log, ttl)
+  if admitted then
+    -- the short reply (see the header), from the two numbers already formatted for the hash
+    return text_id .. ' ' .. used_text
+  end
 elseif changed then
   if entries == 0 then
     redis.call('DEL', meta)

@@ -300,23 +300,28 @@ impl Call<'_> {
         }
     }
 
-    /// Reads an acquire script's reply `{admitted, remaining, reset_ms, token}` for `hit`; the
-    /// receipt (for an admitted charge only: nothing gives a refused one back) takes the call's
-    /// key base.
+    /// Reads an acquire script's reply for `hit`: `{admitted, remaining, reset_ms, token}`, or
+    /// the log's short answer to an admitted, recorded hit. The receipt (for an admitted charge
+    /// only: nothing gives a refused one back) takes the call's key base.
     pub fn outcome(self, hit: &Hit, reply: Value) -> Result<Outcome, BackendError> {
-        let [admitted, remaining, reset_ms, token] = reply_fields(reply)?;
-        let admitted = admitted == 1;
-        let verdict = Verdict {
-            admitted,
-            remaining: u64::try_from(remaining).unwrap_or(0),
-            reset_ms: u64::try_from(reset_ms).unwrap_or(0),
+        let (verdict, token) = match reply {
+            Value::BulkString(text) => self.recorded_entry(hit, &text)?,
+            other => {
+                let [admitted, remaining, reset_ms, token] = reply_fields(other)?;
+                let verdict = Verdict {
+                    admitted: admitted == 1,
+                    remaining: u64::try_from(remaining).unwrap_or(0),
+                    reset_ms: u64::try_from(reset_ms).unwrap_or(0),
+                };
+                (verdict, u64::try_from(token).unwrap_or(0))
+            }
         };
         let receipt = match hit.cost {
-            Cost::Consume(cost) if admitted && cost > 0 => Some(Receipt {
+            Cost::Consume(cost) if verdict.admitted && cost > 0 => Some(Receipt {
                 key: self.base,
                 algorithm: hit.algorithm,
                 window_ms: hit.window_ms,
-                token: u64::try_from(token).unwrap_or(0),
+                token,
                 cost,
                 released_remaining: verdict.remaining.saturating_add(cost),
                 keep: 0,
@@ -329,6 +334,35 @@ impl Call<'_> {
             receipt,
             cached: false,
         })
+    }
+
+    /// The verdict and entry id of a log hit admitted and recorded, from the script's text
+    /// `"<id> <sum>"` (the entry's id, the log's sum after it) and what this call sent: the limit
+    /// and window, and how far ahead the entry was stamped, a leased slice's lease time.
+    fn recorded_entry(&self, hit: &Hit, text: &[u8]) -> Result<(Verdict, u64), BackendError> {
+        let numbers = std::str::from_utf8(text)
+            .ok()
+            .and_then(|text| text.split_once(' '))
+            .and_then(|(id, sum)| Some((id.parse::<u64>().ok()?, sum.parse::<u64>().ok()?)));
+        let (id, sum) = match numbers {
+            Some(numbers) if hit.algorithm == Algorithm::SlidingWindowLog => numbers,
+            _ => {
+                return Err(BackendError::Protocol(format!(
+                    "a {:?} call replied {:?}",
+                    hit.algorithm,
+                    String::from_utf8_lossy(text)
+                )));
+            }
+        };
+        // A log acquire sends limit, window, cost, counting and lease time, in that order; the
+        // lease time is 0 when it was left out.
+        let [limit, window_ms, _, _, ahead_ms, ..] = self.args.values;
+        let verdict = Verdict {
+            admitted: true,
+            remaining: limit.saturating_sub(sum),
+            reset_ms: window_ms.saturating_add(ahead_ms),
+        };
+        Ok((verdict, id))
     }
 }
 
@@ -503,5 +537,65 @@ mod tests {
             at(Algorithm::SlidingWindowLog, Counting::All),
             ["10", "60000", "1", "1", "0", "1700000000000"]
         );
+    }
+
+    #[test]
+    fn the_logs_short_answer_gives_the_verdict_and_receipt_its_table_would() {
+        let scripts = Scripts::default();
+        let keys = KeySpace::new("tollgate:");
+        let hit = hit(Algorithm::SlidingWindowLog, Counting::Admitted, 250);
+        let call = scripts.acquire(&keys, &hit).expect("a valid hit");
+        let short = call
+            .clone()
+            .outcome(&hit, Value::BulkString(b"1700000000000001 3".to_vec()))
+            .expect("a short answer");
+        // What the script's table says of the same decision: 10 - 3 left, the window plus the
+        // lease time until the entry leaves.
+        let table = call
+            .outcome(
+                &hit,
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::Int(7),
+                    Value::Int(60_250),
+                    Value::Int(1_700_000_000_000_001),
+                ]),
+            )
+            .expect("a table answer");
+        assert_eq!(short, table);
+        assert_eq!(
+            short.verdict,
+            Verdict {
+                admitted: true,
+                remaining: 7,
+                reset_ms: 60_250,
+            }
+        );
+        let receipt = short.receipt.expect("an admitted charge has a receipt");
+        assert_eq!(receipt.token, 1_700_000_000_000_001);
+        assert_eq!(receipt.released_remaining, 8);
+    }
+
+    #[test]
+    fn a_short_answer_that_is_not_the_logs_is_a_protocol_error() {
+        let scripts = Scripts::default();
+        let keys = KeySpace::new("tollgate:");
+        let log = hit(Algorithm::SlidingWindowLog, Counting::Admitted, 0);
+        let counter = hit(Algorithm::SlidingWindowCounter, Counting::Admitted, 0);
+        for (hit, text) in [
+            (&log, "1700000000000001"),
+            (&log, "1700000000000001 x"),
+            (&log, "-1 3"),
+            (&log, ""),
+            (&counter, "1700000000000001 3"),
+        ] {
+            let call = scripts.acquire(&keys, hit).expect("a valid hit");
+            let answer = call.outcome(hit, Value::BulkString(text.as_bytes().to_vec()));
+            assert!(
+                matches!(answer, Err(BackendError::Protocol(_))),
+                "{:?} answered {text:?}: {answer:?}",
+                hit.algorithm
+            );
+        }
     }
 }
