@@ -15,7 +15,16 @@
 -- The caller leaves out ARGV[4] when it is 0, as it is for nearly every hit: Redis makes every
 -- argument a Lua string before the script runs.
 --
--- Reply: { admitted (1|0), remaining, reset_ms, k }
+-- Reply, for an admitted charge on the plain path (nearly every call): the text
+--   "<seconds> <microseconds> <prev> <curr>", the decision time as TIME gave it and the counts
+--   of windows k-1 and k after the charge, all text the script already holds (TIME's reply,
+--   the stored field, the count just written), so that nothing is formatted for it. The caller
+--   derives the rest as this script would: now = seconds*1000 + floor(microseconds/1000),
+--   k = floor(now / W), e = now - k*W, and remaining and reset_ms from prev, curr and e. Redis
+--   turns a table answer into a reply by first probing the table for seven special fields,
+--   making a string for each; counted on redis-server, answering this text instead saves the
+--   script about 4,500 to 5,600 instructions a call (6.5 to 8%).
+-- Reply, otherwise: { admitted (1|0), remaining, reset_ms, k }
 --   admitted   c fits: used + c <= L (a check: used <= L)
 --   remaining  floor((L*W - scaled_used) / W) after the charge, if any (at least 0)
 --   reset_ms   admitted: time until every recorded unit has left the window;
@@ -63,11 +72,13 @@ local function int(n)
   return string.format(INT, n)
 end
 
--- Records window k's new count; on the window's first charge, also sets the key's expiry and
--- drops the fields of windows older than k-1 (they can only be left behind when the window
--- index moves on, and a refund deletes a field it empties, so a first charge is when to look).
+-- Records window k's new count and answers it as written; on the window's first charge, also
+-- sets the key's expiry and drops the fields of windows older than k-1 (they can only be left
+-- behind when the window index moves on, and a refund deletes a field it empties, so a first
+-- charge is when to look).
 local function record(key, k, field, start, window, now, count, first_in_window)
-  redis.call('HSET', key, field, int(count))
+  local text = int(count)
+  redis.call('HSET', key, field, text)
   if first_in_window then
     -- window k counts until the end of window k+1
     redis.call('PEXPIRE', key, int(start + 2 * window - now + MARGIN_MS))
@@ -80,6 +91,7 @@ local function record(key, k, field, start, window, now, count, first_in_window)
       end
     end
   end
+  return text
 end
 
 local key = KEYS[1]
@@ -89,10 +101,12 @@ local window = tonumber(ARGV[2])
 local cost = ARGV[3] == '1' and 1 or tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
 local now
+local t -- the decision time as TIME answers it: seconds, microseconds
 if ARGV[5] then
   now = tonumber(ARGV[5])
+  t = { int(math.floor(now / 1000)), int(now % 1000 * 1000) }
 else
-  local t = redis.call('TIME')
+  t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -124,7 +138,17 @@ if (prev + curr + cost + limit + 1) * window < EXACT then
     -- curr + c is below 2^53, so the saturation of the wide path never applies here
     local first_in_window = curr == 0
     curr = curr + cost
-    record(key, k, field, start, window, now, curr, first_in_window)
+    local curr_text = record(key, k, field, start, window, now, curr, first_in_window)
+    if admitted then
+      -- The short reply (see the header). prev's stored text is answered as it is only when
+      -- it is plain digits, as this script writes it: any other text it read as a number
+      -- (written by something else) takes the table.
+      if prev == 0 then
+        return t[1] .. ' ' .. t[2] .. ' 0 ' .. curr_text
+      elseif string.find(counts[1], '^%d+$') then
+        return t[1] .. ' ' .. t[2] .. ' ' .. counts[1] .. ' ' .. curr_text
+      end
+    end
     scaled = scaled + cost * window
   end
   local remaining = 0

@@ -224,6 +224,35 @@ fn counter_retry(window: u128, elapsed: u128, prev: u64, curr: u64, budget: u128
     }
 }
 
+/// The verdict on an admitted hit that left counts `prev` and `curr` in fixed windows `k - 1`
+/// and `k`, `elapsed_ms` into window `k`: what [`counter_decide`] answers, and what a store that
+/// decided and recorded the hit answers from those counts alone.
+pub fn counter_admitted(
+    limit: u64,
+    window_ms: u64,
+    elapsed_ms: u64,
+    prev: u64,
+    curr: u64,
+) -> Verdict {
+    let window = u128::from(effective_window_ms(window_ms));
+    let elapsed = u128::from(elapsed_ms).min(window);
+    let capacity = u128::from(limit) * window;
+    let used = (u128::from(prev) * (window - elapsed)).saturating_add(u128::from(curr) * window);
+    // curr's units count until window k+1 has fully passed; prev's until window k ends.
+    let reset = if curr > 0 {
+        2 * window - elapsed
+    } else if prev > 0 {
+        window - elapsed
+    } else {
+        0
+    };
+    Verdict {
+        admitted: true,
+        remaining: saturate(capacity.saturating_sub(used) / window),
+        reset_ms: saturate(reset),
+    }
+}
+
 /// Decides one hit against a sliding window counter at `now_ms`.
 ///
 /// `prev` and `curr` are the units recorded in fixed windows `k - 1` and `k`, where
@@ -251,22 +280,9 @@ pub fn counter_decide(
 
     if admitted {
         let charged = charged(cost, true, counting).unwrap_or(0);
-        // used <= capacity - charged * W, so neither sum can overflow.
-        let used_after = used + u128::from(charged) * window;
-        let curr_after = u128::from(curr) + u128::from(charged);
-        // curr's units count until window k+1 has fully passed; prev's until window k ends.
-        let reset = if curr_after > 0 {
-            2 * window - elapsed
-        } else if prev > 0 {
-            window - elapsed
-        } else {
-            0
-        };
-        return Verdict {
-            admitted: true,
-            remaining: saturate((capacity - used_after) / window),
-            reset_ms: saturate(reset),
-        };
+        // Admitted within the limit, so curr + charged <= limit: no overflow.
+        let curr_after = curr.saturating_add(charged);
+        return counter_admitted(limit, window_ms, saturate(elapsed), prev, curr_after);
     }
 
     // Refused: the window as it stands after the charge, if this mode charges refused hits.

@@ -17,6 +17,7 @@ cases! {
     settling_a_slice_gives_back_the_unspent_units: [redis];
     a_batch_decides_each_hit_as_its_own_call: [redis];
     stored_numbers_are_whole_integers_as_every_version_writes_them: [redis];
+    a_count_written_by_something_else_decides_as_the_script_reads_it: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
@@ -479,4 +480,46 @@ async fn stored_numbers_are_whole_integers_as_every_version_writes_them(t: &Targ
         [window.as_str(), "2"],
         "the counter's window"
     );
+}
+
+/// A counter's previous window holding text some other writer left, which the script reads as
+/// the number it spells: the verdict is what the window math gives for that number, whether
+/// the script answers in full or, for plain digits as it writes them itself, in short.
+async fn a_count_written_by_something_else_decides_as_the_script_reads_it(t: &Target) {
+    let backend = connect(t).await;
+    let window_ms = 60_000;
+    let start: u64 = 1_764_000_000_000 / window_ms * window_ms;
+    for text in ["4", "04", "4.0", " 4", "0x4", "4e0"] {
+        let key = fresh_key("foreign-count");
+        let h = hit(
+            &key,
+            Algorithm::SlidingWindowCounter,
+            10,
+            window_ms,
+            Cost::Consume(1),
+        );
+        // The first charge, in window k-1, makes the key; then its count is overwritten.
+        assert!(one_at(&backend, &h, start - 1000).await.verdict.admitted);
+        let redis_key = stored_key(t, &key).expect("the counter key");
+        let field = (start / window_ms - 1).to_string();
+        t.redis_server().cli(&["HSET", &redis_key, &field, text]);
+        let now = start + 15_000;
+        let outcome = one_at(&backend, &h, now).await;
+        let expected = window::counter_decide(
+            10,
+            window_ms,
+            now,
+            4,
+            0,
+            Cost::Consume(1),
+            Counting::Admitted,
+        );
+        assert_eq!(outcome.verdict, expected, "window k-1 holding {text:?}");
+        let receipt = outcome.receipt.expect("an admitted charge");
+        assert_eq!(
+            receipt.token,
+            start / window_ms,
+            "window k-1 holding {text:?}"
+        );
+    }
 }

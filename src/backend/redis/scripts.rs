@@ -305,7 +305,7 @@ impl Call<'_> {
     /// only: nothing gives a refused one back) takes the call's key base.
     pub fn outcome(self, hit: &Hit, reply: Value) -> Result<Outcome, BackendError> {
         let (verdict, token) = match reply {
-            Value::BulkString(text) => self.recorded_entry(hit, &text)?,
+            Value::BulkString(text) => self.short_answer(hit, &text)?,
             other => {
                 let [admitted, remaining, reset_ms, token] = reply_fields(other)?;
                 let verdict = Verdict {
@@ -336,33 +336,44 @@ impl Call<'_> {
         })
     }
 
-    /// The verdict and entry id of a log hit admitted and recorded, from the script's text
-    /// `"<id> <sum>"` (the entry's id, the log's sum after it) and what this call sent: the limit
-    /// and window, and how far ahead the entry was stamped, a leased slice's lease time.
-    fn recorded_entry(&self, hit: &Hit, text: &[u8]) -> Result<(Verdict, u64), BackendError> {
-        let numbers = std::str::from_utf8(text)
-            .ok()
-            .and_then(|text| text.split_once(' '))
-            .and_then(|(id, sum)| Some((id.parse::<u64>().ok()?, sum.parse::<u64>().ok()?)));
-        let (id, sum) = match numbers {
-            Some(numbers) if hit.algorithm == Algorithm::SlidingWindowLog => numbers,
-            _ => {
-                return Err(BackendError::Protocol(format!(
-                    "a {:?} call replied {:?}",
-                    hit.algorithm,
-                    String::from_utf8_lossy(text)
-                )));
-            }
+    /// The verdict and token of a hit admitted and recorded, from its script's short answer
+    /// and what this call sent. The log answers `"<id> <sum>"`, the entry's id and the log's sum
+    /// after it; the counter `"<seconds> <microseconds> <prev> <curr>"`, the decision time as
+    /// Redis's `TIME` gave it and the counts of the fixed window charged and its predecessor,
+    /// from which the caller finds the window and the time into it as the script does.
+    fn short_answer(&self, hit: &Hit, text: &[u8]) -> Result<(Verdict, u64), BackendError> {
+        let refused = || {
+            BackendError::Protocol(format!(
+                "a {} call replied {:?}",
+                hit.algorithm.as_str(),
+                String::from_utf8_lossy(text)
+            ))
         };
-        // A log acquire sends limit, window, cost, counting and lease time, in that order; the
-        // lease time is 0 when it was left out.
+        // An acquire sends limit and window first; a log's lease time, how far ahead its entry
+        // is stamped, is its fifth argument, 0 when it was left out.
         let [limit, window_ms, _, _, ahead_ms, ..] = self.args.values;
-        let verdict = Verdict {
-            admitted: true,
-            remaining: limit.saturating_sub(sum),
-            reset_ms: window_ms.saturating_add(ahead_ms),
-        };
-        Ok((verdict, id))
+        match hit.algorithm {
+            Algorithm::SlidingWindowLog => {
+                let [id, sum] = numbers(text).ok_or_else(refused)?;
+                let verdict = Verdict {
+                    admitted: true,
+                    remaining: limit.saturating_sub(sum),
+                    reset_ms: window_ms.saturating_add(ahead_ms),
+                };
+                Ok((verdict, id))
+            }
+            Algorithm::SlidingWindowCounter => {
+                let [seconds, micros, prev, curr] = numbers(text).ok_or_else(refused)?;
+                let now_ms = seconds
+                    .checked_mul(1000)
+                    .and_then(|ms| ms.checked_add(micros / 1000))
+                    .ok_or_else(refused)?;
+                let k = window::counter_window_index(now_ms, window_ms);
+                let elapsed_ms = now_ms % window::effective_window_ms(window_ms);
+                let verdict = window::counter_admitted(limit, window_ms, elapsed_ms, prev, curr);
+                Ok((verdict, k))
+            }
+        }
     }
 }
 
@@ -427,6 +438,17 @@ impl ScriptCommand for Batch<'_, '_> {
     fn eval(&self) -> Cmd {
         self.command("EVAL", self.scripts.batch.code)
     }
+}
+
+/// Exactly `N` decimal integers separated by single spaces, as the scripts' short answers
+/// write them.
+fn numbers<const N: usize>(text: &[u8]) -> Option<[u64; N]> {
+    let mut parts = std::str::from_utf8(text).ok()?.split(' ');
+    let mut values = [0; N];
+    for value in &mut values {
+        *value = parts.next()?.parse().ok()?;
+    }
+    parts.next().is_none().then_some(values)
 }
 
 /// The four integers of an acquire script's reply.
@@ -539,29 +561,42 @@ mod tests {
         );
     }
 
+    /// The outcome of an ordinary hit of `algorithm` (limit 10 a minute, lease time `lease_ms`)
+    /// whose script answered `reply`.
+    fn answered(
+        algorithm: Algorithm,
+        lease_ms: u64,
+        reply: Value,
+    ) -> Result<Outcome, BackendError> {
+        let hit = hit(algorithm, Counting::Admitted, lease_ms);
+        let scripts = Scripts::default();
+        let call = scripts
+            .acquire(&KeySpace::new("tollgate:"), &hit)
+            .expect("a valid hit");
+        call.outcome(&hit, reply)
+    }
+
+    fn text(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
     #[test]
     fn the_logs_short_answer_gives_the_verdict_and_receipt_its_table_would() {
-        let scripts = Scripts::default();
-        let keys = KeySpace::new("tollgate:");
-        let hit = hit(Algorithm::SlidingWindowLog, Counting::Admitted, 250);
-        let call = scripts.acquire(&keys, &hit).expect("a valid hit");
-        let short = call
-            .clone()
-            .outcome(&hit, Value::BulkString(b"1700000000000001 3".to_vec()))
-            .expect("a short answer");
+        let log = Algorithm::SlidingWindowLog;
+        let short = answered(log, 250, text("1700000000000001 3")).expect("a short answer");
         // What the script's table says of the same decision: 10 - 3 left, the window plus the
         // lease time until the entry leaves.
-        let table = call
-            .outcome(
-                &hit,
-                Value::Array(vec![
-                    Value::Int(1),
-                    Value::Int(7),
-                    Value::Int(60_250),
-                    Value::Int(1_700_000_000_000_001),
-                ]),
-            )
-            .expect("a table answer");
+        let table = answered(
+            log,
+            250,
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(7),
+                Value::Int(60_250),
+                Value::Int(1_700_000_000_000_001),
+            ]),
+        )
+        .expect("a table answer");
         assert_eq!(short, table);
         assert_eq!(
             short.verdict,
@@ -577,24 +612,59 @@ mod tests {
     }
 
     #[test]
-    fn a_short_answer_that_is_not_the_logs_is_a_protocol_error() {
-        let scripts = Scripts::default();
-        let keys = KeySpace::new("tollgate:");
-        let log = hit(Algorithm::SlidingWindowLog, Counting::Admitted, 0);
-        let counter = hit(Algorithm::SlidingWindowCounter, Counting::Admitted, 0);
-        for (hit, text) in [
-            (&log, "1700000000000001"),
-            (&log, "1700000000000001 x"),
-            (&log, "-1 3"),
-            (&log, ""),
-            (&counter, "1700000000000001 3"),
+    fn the_counters_short_answer_gives_the_verdict_the_window_math_would() {
+        // TIME said 1,700,000,000.123456 s: window 28,333,333 of a minute, 20,123 ms in; the
+        // charge of 1 took window k from 2 to 3 beside 4 in window k-1.
+        let short = answered(
+            Algorithm::SlidingWindowCounter,
+            0,
+            text("1700000000 123456 4 3"),
+        )
+        .expect("a short answer");
+        let now_ms = 1_700_000_000_123;
+        let expected = window::counter_decide(
+            10,
+            60_000,
+            now_ms,
+            4,
+            2,
+            Cost::Consume(1),
+            Counting::Admitted,
+        );
+        assert_eq!(short.verdict, expected);
+        assert_eq!(
+            short.verdict,
+            Verdict {
+                admitted: true,
+                // (10 * 60,000 - (4 * 39,877 + 3 * 60,000)) / 60,000, floored
+                remaining: 4,
+                reset_ms: 120_000 - 20_123,
+            }
+        );
+        let receipt = short.receipt.expect("an admitted charge has a receipt");
+        assert_eq!(receipt.token, 28_333_333);
+        assert_eq!(receipt.released_remaining, 5);
+    }
+
+    #[test]
+    fn a_short_answer_of_the_wrong_shape_is_a_protocol_error() {
+        let log = Algorithm::SlidingWindowLog;
+        let counter = Algorithm::SlidingWindowCounter;
+        for (algorithm, reply) in [
+            (log, "1700000000000001"),
+            (log, "1700000000000001 x"),
+            (log, "1700000000000001 3 4"),
+            (log, "1700000000000001  3"),
+            (log, "-1 3"),
+            (log, ""),
+            (counter, "1700000000000001 3"),
+            (counter, "1700000000 123456 4.0 3"),
+            (counter, "18446744073709551615 0 0 1"),
         ] {
-            let call = scripts.acquire(&keys, hit).expect("a valid hit");
-            let answer = call.outcome(hit, Value::BulkString(text.as_bytes().to_vec()));
+            let answer = answered(algorithm, 0, text(reply));
             assert!(
                 matches!(answer, Err(BackendError::Protocol(_))),
-                "{:?} answered {text:?}: {answer:?}",
-                hit.algorithm
+                "{algorithm:?} answered {reply:?}: {answer:?}"
             );
         }
     }
