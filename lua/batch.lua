@@ -7,8 +7,9 @@
 --
 -- KEYS     every hit's keys, hit after hit: the one key of a counter hit (lua/counter.lua's
 --          KEYS), the two keys of a log hit (lua/log.lua's KEYS)
--- ARGV     for each hit in the same order: its script (1 = counter, 2 = log), n = how many
---          arguments it takes, then those n arguments (that script's ARGV)
+-- ARGV     for each hit in the same order: its script (exactly the text 1 = counter,
+--          2 = log), n = how many arguments it takes, then those n arguments (that script's
+--          ARGV)
 --
 -- Reply: one element per hit, in order: that script's reply, or an error reply where that hit
 -- failed; a failed hit does not stop the ones after it.
@@ -19,16 +20,23 @@
 -- command (reading, parsing, dispatching, answering), once per request instead of once per hit.
 -- A malformed ARGV is refused before any hit runs, so nothing is half done.
 
-local run = { counter, log }
-local keys_of = { 1, 2 }
+-- A hit's script is named by its text, so that no number is parsed for it, and each hit's
+-- KEYS and ARGV are made by one table constructor of `unpack`, sized once: counted on
+-- redis-server, parsing the script's number and filling the tables one element at a time
+-- cost a batch of three counter hits about 14,000 instructions more (6%).
+local run = { ['1'] = counter, ['2'] = log }
+local keys_of = { ['1'] = 1, ['2'] = 2 }
 
--- Check the whole layout before deciding anything.
+-- Check the whole layout before deciding anything, keeping where each hit starts.
+local starts = {}
+local count = #ARGV
 local a, k = 1, 0
-while a <= #ARGV do
-  local which, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  if run[which] == nil or n == nil or n < 0 or a + 1 + n > #ARGV then
+while a <= count do
+  local which, n = ARGV[a], tonumber(ARGV[a + 1])
+  if run[which] == nil or n == nil or n < 0 or a + 1 + n > count then
     return redis.error_reply('ERR batch: malformed hit at ARGV[' .. a .. ']')
   end
+  starts[#starts + 1] = a
   k = k + keys_of[which]
   a = a + 2 + n
 end
@@ -37,26 +45,23 @@ if k ~= #KEYS then
 end
 
 local replies = {}
-a, k = 1, 1
-while a <= #ARGV do
-  local which, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local keys, args = {}, {}
-  for i = 1, keys_of[which] do
-    keys[i] = KEYS[k]
-    k = k + 1
-  end
-  for i = 1, n do
-    args[i] = ARGV[a + 1 + i]
-  end
-  a = a + 2 + n
+k = 1
+for h = 1, #starts do
+  a = starts[h]
+  local which = ARGV[a]
+  local c = keys_of[which]
+  local keys = { unpack(KEYS, k, k + c - 1) }
+  k = k + c
+  -- a hit's arguments run up to the next hit's start (the check above put them there)
+  local args = { unpack(ARGV, a + 2, (starts[h + 1] or count + 1) - 1) }
   local ok, reply = pcall(run[which], keys, args)
   if ok then
-    replies[#replies + 1] = reply
+    replies[h] = reply
   elseif type(reply) == 'table' and reply.err then
     -- A command inside the script failed (wrong type, out of memory): Redis's own error.
-    replies[#replies + 1] = reply
+    replies[h] = reply
   else
-    replies[#replies + 1] = redis.error_reply('ERR ' .. tostring(reply))
+    replies[h] = redis.error_reply('ERR ' .. tostring(reply))
   end
 end
 return replies

@@ -18,6 +18,7 @@ cases! {
     a_batch_decides_each_hit_as_its_own_call: [redis];
     stored_numbers_are_whole_integers_as_every_version_writes_them: [redis];
     a_count_written_by_something_else_decides_as_the_script_reads_it: [redis];
+    a_malformed_batch_is_refused_before_any_hit_runs: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
@@ -521,5 +522,67 @@ async fn a_count_written_by_something_else_decides_as_the_script_reads_it(t: &Ta
             start / window_ms,
             "window k-1 holding {text:?}"
         );
+    }
+}
+
+/// `lua/batch.lua` as tollgate sends it: the two acquire scripts as functions, then the batch.
+const BATCH: &str = concat!(
+    "local function counter(KEYS, ARGV)\n",
+    include_str!("../../lua/counter.lua"),
+    "\nend\nlocal function log(KEYS, ARGV)\n",
+    include_str!("../../lua/log.lua"),
+    "\nend\n",
+    include_str!("../../lua/batch.lua"),
+);
+
+/// A batch whose layout is wrong anywhere answers an error naming where, and no hit of it runs,
+/// not even the well-formed ones before the fault.
+async fn a_malformed_batch_is_refused_before_any_hit_runs(t: &Target) {
+    let server = t.redis_server();
+    let first = format!("{}{}:c", t.prefix(), fresh_key("malformed"));
+    let second = format!("{}{}:c", t.prefix(), fresh_key("malformed"));
+    let good = ["1", "3", "10", "60000", "1"];
+    let cases: [(&[&str], &[&str], &str); 5] = [
+        (
+            &["3", "3", "10", "60000", "1"],
+            &[],
+            "malformed hit at ARGV[6]",
+        ),
+        (
+            &["1.0", "3", "10", "60000", "1"],
+            &[],
+            "malformed hit at ARGV[6]",
+        ),
+        (&["1", "-1"], &[], "malformed hit at ARGV[6]"),
+        (
+            &["1", "9", "10", "60000", "1"],
+            &[],
+            "malformed hit at ARGV[6]",
+        ),
+        (
+            &["1", "3", "10", "60000", "1"],
+            &[&second],
+            "3 keys for hits that take 2",
+        ),
+    ];
+    for (second_hit, extra_keys, error) in cases {
+        let keys: Vec<&str> = [first.as_str(), second.as_str()]
+            .into_iter()
+            .chain(extra_keys.iter().copied())
+            .collect();
+        let key_count = keys.len().to_string();
+        let mut args = vec!["EVAL", BATCH, key_count.as_str()];
+        args.extend(&keys);
+        args.extend(good);
+        args.extend(second_hit);
+        let answer = server.cli(&args);
+        assert!(answer.contains(error), "{second_hit:?}: {answer}");
+        for key in [&first, &second] {
+            assert_eq!(
+                server.cli(&["EXISTS", key]),
+                "0",
+                "{second_hit:?} wrote {key}"
+            );
+        }
     }
 }
