@@ -25,10 +25,10 @@
 --
 -- Reply, for an admitted hit that recorded an entry (nearly every call): the text "<id> <sum>",
 --   the entry's id and the log's sum after it. The caller knows the rest: remaining = L - sum
---   (an admitted hit leaves the sum at most L), reset_ms = W + ahead. Redis turns a table answer into a reply by
---   first probing the table for seven special fields, making a string for each; counted on
---   redis-server, answering this text instead of the table saves the script about 5,400
---   instructions a call (5.3%).
+--   (an admitted hit leaves the sum at most L), reset_ms = W + ahead. Redis turns a table
+--   answer into a reply by first probing the table for seven special fields, making a string
+--   for each; counted on redis-server, answering this text instead of the table saves the
+--   script about 5,400 instructions a call (5.3%).
 -- Reply, otherwise: { admitted (1|0), remaining, reset_ms, id }
 --   admitted   c fits: used + c <= L (a check: used <= L)
 --   remaining  L - used after the charge, if any (at least 0)

@@ -301,8 +301,8 @@ impl Call<'_> {
     }
 
     /// Reads an acquire script's reply for `hit`: `{admitted, remaining, reset_ms, token}`, or
-    /// the log's short answer to an admitted, recorded hit. The receipt (for an admitted charge
-    /// only: nothing gives a refused one back) takes the call's key base.
+    /// the script's short answer to an admitted, recorded hit. The receipt (for an admitted
+    /// charge only: nothing gives a refused one back) takes the call's key base.
     pub fn outcome(self, hit: &Hit, reply: Value) -> Result<Outcome, BackendError> {
         let (verdict, token) = match reply {
             Value::BulkString(text) => self.short_answer(hit, &text)?,
