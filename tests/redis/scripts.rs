@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use tollgate::backend::redis::BATCH_SCRIPT;
 use tollgate::backend::{Backend, Hit, Outcome, Receipt, RedisBackend};
 use tollgate::window::{self, Algorithm, Cost, Counting};
 use tollgate_testkit::cases;
@@ -525,16 +526,6 @@ async fn a_count_written_by_something_else_decides_as_the_script_reads_it(t: &Ta
     }
 }
 
-/// `lua/batch.lua` as tollgate sends it: the two acquire scripts as functions, then the batch.
-const BATCH: &str = concat!(
-    "local function counter(KEYS, ARGV)\n",
-    include_str!("../../lua/counter.lua"),
-    "\nend\nlocal function log(KEYS, ARGV)\n",
-    include_str!("../../lua/log.lua"),
-    "\nend\n",
-    include_str!("../../lua/batch.lua"),
-);
-
 /// A batch whose layout is wrong anywhere answers an error naming where, and no hit of it runs,
 /// not even the well-formed ones before the fault.
 async fn a_malformed_batch_is_refused_before_any_hit_runs(t: &Target) {
@@ -571,7 +562,7 @@ async fn a_malformed_batch_is_refused_before_any_hit_runs(t: &Target) {
             .chain(extra_keys.iter().copied())
             .collect();
         let key_count = keys.len().to_string();
-        let mut args = vec!["EVAL", BATCH, key_count.as_str()];
+        let mut args = vec!["EVAL", BATCH_SCRIPT, key_count.as_str()];
         args.extend(&keys);
         args.extend(good);
         args.extend(second_hit);

@@ -16,6 +16,17 @@ pub const MAX_LIMIT: u64 = (1 << 53) - 1;
 /// The longest window the scripts accept, in milliseconds (about 34 years).
 pub const MAX_WINDOW_MS: u64 = 1 << 40;
 
+/// The script a batch of acquire calls runs, as tollgate sends it: the two acquire scripts made
+/// functions, `counter(KEYS, ARGV)` and `log(KEYS, ARGV)`, then `lua/batch.lua`.
+pub const BATCH_SCRIPT: &str = concat!(
+    "local function counter(KEYS, ARGV)\n",
+    include_str!("../../../lua/counter.lua"),
+    "\nend\nlocal function log(KEYS, ARGV)\n",
+    include_str!("../../../lua/log.lua"),
+    "\nend\n",
+    include_str!("../../../lua/batch.lua"),
+);
+
 /// One Lua script and its SHA1, the name `EVALSHA` knows it by.
 #[derive(Debug, Clone)]
 pub struct Script {
@@ -50,14 +61,7 @@ impl Default for Scripts {
             log: Script::new(include_str!("../../../lua/log.lua")),
             counter_refund: Script::new(include_str!("../../../lua/counter_refund.lua")),
             log_refund: Script::new(include_str!("../../../lua/log_refund.lua")),
-            batch: Script::new(concat!(
-                "local function counter(KEYS, ARGV)\n",
-                include_str!("../../../lua/counter.lua"),
-                "\nend\nlocal function log(KEYS, ARGV)\n",
-                include_str!("../../../lua/log.lua"),
-                "\nend\n",
-                include_str!("../../../lua/batch.lua"),
-            )),
+            batch: Script::new(BATCH_SCRIPT),
         }
     }
 }
