@@ -136,8 +136,7 @@ async fn script_flush_is_survived(t: &Target) {
                 })
                 .collect();
             // Both hits count. Which of the two ran first is not fixed: a cluster runs them
-            // concurrently, and after NOSCRIPT each is sent again on its own; one server gets
-            // them in one batch call, sent again whole.
+            // concurrently, and after NOSCRIPT each is sent again on its own.
             left.sort_unstable();
             assert_eq!(left, [left_after_pair, left_after_pair + 1], "{algorithm}");
             let receipt = one(&backend, &h).await.receipt.expect("a receipt");

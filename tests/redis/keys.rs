@@ -9,12 +9,12 @@ use tollgate::window::{Algorithm, Cost};
 use tollgate_testkit::cases;
 use tollgate_testkit::hits::{ALGORITHMS, fresh_key, hit, one};
 use tollgate_testkit::redis::Monitor;
-use tollgate_testkit::target::{Store, Target};
+use tollgate_testkit::target::Target;
 
 cases! {
     every_key_written_has_a_bounded_ttl: [redis, redis_cluster];
     keys_of_one_limiter_share_one_slot: [redis_cluster];
-    one_script_call_per_request_or_limiter_and_no_other_command: [redis, redis_cluster];
+    one_script_call_per_limiter_and_no_other_command: [redis, redis_cluster];
 }
 
 const HOUR_MS: u64 = 3_600_000;
@@ -128,11 +128,9 @@ fn three_limiters(round: usize) -> [Hit; 3] {
     ]
 }
 
-/// One decision costs one script execution and nothing else: no GET, no EXPIRE, no SCRIPT LOAD
-/// per request. On one server that is one call per request, whatever its limiters (the batch
-/// script); on a cluster, whose limiters live in slots of their own, one call per limiter.
-/// (Watched on private servers: a monitor sees every client.)
-async fn one_script_call_per_request_or_limiter_and_no_other_command(t: &Target) {
+/// One decision costs one script execution per limiter and nothing else: no GET, no EXPIRE, no
+/// SCRIPT LOAD per request. (Watched on private servers: a monitor sees every client.)
+async fn one_script_call_per_limiter_and_no_other_command(t: &Target) {
     const ROUNDS: usize = 20;
     let watched = tokio::task::block_in_place(|| t.private());
     let backend = watched.backend().await;
@@ -145,10 +143,6 @@ async fn one_script_call_per_request_or_limiter_and_no_other_command(t: &Target)
         }
     }
     let calls = tokio::task::block_in_place(|| monitor.stop());
-    let per_request = match t.store() {
-        Store::Cluster(_) => 3,
-        _ => 1,
-    };
-    let expected = BTreeMap::from([("evalsha".to_string(), (ROUNDS * per_request) as u64)]);
+    let expected = BTreeMap::from([("evalsha".to_string(), (ROUNDS * 3) as u64)]);
     assert_eq!(calls, expected, "{}", t.name());
 }

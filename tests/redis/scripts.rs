@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use tollgate::backend::redis::BATCH_SCRIPT;
 use tollgate::backend::{Backend, Hit, Outcome, Receipt, RedisBackend};
 use tollgate::window::{self, Algorithm, Cost, Counting};
 use tollgate_testkit::cases;
@@ -16,10 +15,9 @@ cases! {
     a_counter_key_keeps_only_two_windows: [redis];
     a_leased_log_entry_counts_until_its_lease_ends: [redis];
     settling_a_slice_gives_back_the_unspent_units: [redis];
-    a_batch_decides_each_hit_as_its_own_call: [redis];
+    a_requests_hits_are_each_decided_as_a_call_of_their_own: [redis];
     stored_numbers_are_whole_integers_as_every_version_writes_them: [redis];
     a_count_written_by_something_else_decides_as_the_script_reads_it: [redis];
-    a_malformed_batch_is_refused_before_any_hit_runs: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
@@ -342,10 +340,10 @@ async fn settling_a_slice_gives_back_the_unspent_units(t: &Target) {
     }
 }
 
-/// A request's hits reach the single server as one call of the batch script: each is decided
-/// exactly as its own call decides it (the same hits on twin keys, one acquire each, at the same
-/// instants), and a hit whose key cannot be read fails alone.
-async fn a_batch_decides_each_hit_as_its_own_call(t: &Target) {
+/// A request's hits reach the single server in one pipeline: each is decided exactly as a
+/// request of that hit alone decides it (the same hits on twin keys, one acquire each, at the
+/// same instants), and a hit whose key cannot be read fails alone.
+async fn a_requests_hits_are_each_decided_as_a_call_of_their_own(t: &Target) {
     let backend = connect(t).await;
     let start = 1_700_000_000_000;
     let limits = [
@@ -354,7 +352,7 @@ async fn a_batch_decides_each_hit_as_its_own_call(t: &Target) {
         (Algorithm::SlidingWindowCounter, 2, 500),
         (Algorithm::SlidingWindowLog, 4, 700),
     ];
-    let batched: Vec<String> = limits.iter().map(|_| fresh_key("batched")).collect();
+    let together_keys: Vec<String> = limits.iter().map(|_| fresh_key("together")).collect();
     let alone: Vec<String> = limits.iter().map(|_| fresh_key("alone")).collect();
     let hits = |keys: &[String], cost: Cost| -> Vec<Hit> {
         limits
@@ -369,7 +367,7 @@ async fn a_batch_decides_each_hit_as_its_own_call(t: &Target) {
     for step in 0..16u64 {
         let now = start + step * 90;
         let cost = Cost::Consume(1 + step % 2);
-        let together = backend.acquire_at(&hits(&batched, cost), now).await;
+        let together = backend.acquire_at(&hits(&together_keys, cost), now).await;
         assert_eq!(together.len(), limits.len(), "one answer per hit");
         for (single, got) in hits(&alone, cost).iter().zip(together) {
             let got = got.unwrap_or_else(|err| panic!("step {step}, {single:?}: {err}"));
@@ -389,13 +387,13 @@ async fn a_batch_decides_each_hit_as_its_own_call(t: &Target) {
     );
 
     // A key of the wrong type makes its own hit fail, and only that one.
-    let broken = fresh_key("batch-broken");
+    let broken = fresh_key("broken");
     let mut mixed = hits(
         &[
             broken.clone(),
-            fresh_key("batched"),
-            fresh_key("batched"),
-            fresh_key("batched"),
+            fresh_key("together"),
+            fresh_key("together"),
+            fresh_key("together"),
         ],
         Cost::Consume(1),
     );
@@ -523,57 +521,5 @@ async fn a_count_written_by_something_else_decides_as_the_script_reads_it(t: &Ta
             start / window_ms,
             "window k-1 holding {text:?}"
         );
-    }
-}
-
-/// A batch whose layout is wrong anywhere answers an error naming where, and no hit of it runs,
-/// not even the well-formed ones before the fault.
-async fn a_malformed_batch_is_refused_before_any_hit_runs(t: &Target) {
-    let server = t.redis_server();
-    let first = format!("{}{}:c", t.prefix(), fresh_key("malformed"));
-    let second = format!("{}{}:c", t.prefix(), fresh_key("malformed"));
-    let good = ["1", "3", "10", "60000", "1"];
-    let cases: [(&[&str], &[&str], &str); 5] = [
-        (
-            &["3", "3", "10", "60000", "1"],
-            &[],
-            "malformed hit at ARGV[6]",
-        ),
-        (
-            &["1.0", "3", "10", "60000", "1"],
-            &[],
-            "malformed hit at ARGV[6]",
-        ),
-        (&["1", "-1"], &[], "malformed hit at ARGV[6]"),
-        (
-            &["1", "9", "10", "60000", "1"],
-            &[],
-            "malformed hit at ARGV[6]",
-        ),
-        (
-            &["1", "3", "10", "60000", "1"],
-            &[&second],
-            "3 keys for hits that take 2",
-        ),
-    ];
-    for (second_hit, extra_keys, error) in cases {
-        let keys: Vec<&str> = [first.as_str(), second.as_str()]
-            .into_iter()
-            .chain(extra_keys.iter().copied())
-            .collect();
-        let key_count = keys.len().to_string();
-        let mut args = vec!["EVAL", BATCH_SCRIPT, key_count.as_str()];
-        args.extend(&keys);
-        args.extend(good);
-        args.extend(second_hit);
-        let answer = server.cli(&args);
-        assert!(answer.contains(error), "{second_hit:?}: {answer}");
-        for key in [&first, &second] {
-            assert_eq!(
-                server.cli(&["EXISTS", key]),
-                "0",
-                "{second_hit:?} wrote {key}"
-            );
-        }
     }
 }

@@ -2,8 +2,8 @@
 //! beside the ceiling of the Redis it talks to.
 //!
 //! Every limit is far above what the machine can send, so every hit is admitted: one limit
-//! decided per descriptor (on one server a request's limits go to Redis in one script call, on a
-//! cluster in one call each). For each point (a cell of the matrix) tollgate is driven closed
+//! decided per descriptor, each its own script call (on one server a request's calls go to Redis
+//! in one pipeline). For each point (a cell of the matrix) tollgate is driven closed
 //! loop (every call in flight sends the next as soon as it returns) to find the peak, then open
 //! loop at half the median peak for the latency a moderately loaded server shows. After a Redis
 //! backend's cells, redis-benchmark measures its ceiling: `EVALSHA` of the same script on keys of
@@ -543,9 +543,9 @@ impl<'a> Results<'a> {
              {} The peak is the median of the closed-loop runs; each open-loop run then sends at \
              half of it. Load: {descriptors}, values drawn uniformly from {keys}, over \
              {connections} HTTP/2 connections; every limit is far above the load, so every hit is \
-             admitted: one limit decided per descriptor, each its own script call on a cluster, \
-             all of a request's in one call on one server (and *failed* counts any call that \
-             failed or was refused: tollgate runs with `--failure-mode deny`).\n\n",
+             admitted: one limit decided per descriptor, each its own script call (on one server a \
+             request's calls go in one pipeline), and *failed* counts any call that failed or \
+             was refused: tollgate runs with `--failure-mode deny`.\n\n",
             measured(&self.conditions),
         )
     }

@@ -32,7 +32,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
-use super::scripts::{Call, ScriptCommand, Scripts};
+use super::scripts::{Call, Scripts};
 use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};

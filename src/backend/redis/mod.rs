@@ -24,7 +24,6 @@ use super::{BackendError, SustainedFailure};
 
 pub use cluster::ClusterBackend;
 pub use keys::KeySpace;
-pub use scripts::BATCH_SCRIPT;
 pub use single::RedisBackend;
 
 /// Turns a `redis` error into the backend's error vocabulary: answers tollgate cannot use are

@@ -16,17 +16,6 @@ pub const MAX_LIMIT: u64 = (1 << 53) - 1;
 /// The longest window the scripts accept, in milliseconds (about 34 years).
 pub const MAX_WINDOW_MS: u64 = 1 << 40;
 
-/// The script a batch of acquire calls runs, as tollgate sends it: the two acquire scripts made
-/// functions, `counter(KEYS, ARGV)` and `log(KEYS, ARGV)`, then `lua/batch.lua`.
-pub const BATCH_SCRIPT: &str = concat!(
-    "local function counter(KEYS, ARGV)\n",
-    include_str!("../../../lua/counter.lua"),
-    "\nend\nlocal function log(KEYS, ARGV)\n",
-    include_str!("../../../lua/log.lua"),
-    "\nend\n",
-    include_str!("../../../lua/batch.lua"),
-);
-
 /// One Lua script and its SHA1, the name `EVALSHA` knows it by.
 #[derive(Debug, Clone)]
 pub struct Script {
@@ -50,8 +39,6 @@ pub struct Scripts {
     log: Script,
     counter_refund: Script,
     log_refund: Script,
-    /// Several acquire calls in one: the two acquire scripts as functions, then `lua/batch.lua`.
-    batch: Script,
 }
 
 impl Default for Scripts {
@@ -61,7 +48,6 @@ impl Default for Scripts {
             log: Script::new(include_str!("../../../lua/log.lua")),
             counter_refund: Script::new(include_str!("../../../lua/counter_refund.lua")),
             log_refund: Script::new(include_str!("../../../lua/log_refund.lua")),
-            batch: Script::new(BATCH_SCRIPT),
         }
     }
 }
@@ -74,7 +60,6 @@ impl Scripts {
             &self.log,
             &self.counter_refund,
             &self.log_refund,
-            &self.batch,
         ]
         .into_iter()
         .map(|script| {
@@ -171,37 +156,6 @@ impl Scripts {
             base: receipt.key.clone(),
         }
     }
-
-    /// One call deciding every call of `calls` (acquire calls, at least one), each as its own
-    /// call would: what the single server gets for a request with several limits, so Redis
-    /// reads, parses, dispatches and answers one command instead of one per limit.
-    pub fn batch<'c, 'a>(&'a self, calls: &'c [Call<'a>]) -> Batch<'c, 'a> {
-        Batch {
-            scripts: self,
-            calls,
-        }
-    }
-
-    /// How `lua/batch.lua` names the script `call` runs: 1 the counter's acquire, 2 the log's;
-    /// 0 for any other, which the batch script refuses as a malformed hit, never runs as the
-    /// wrong one.
-    fn batch_number(&self, call: &Call<'_>) -> u64 {
-        if std::ptr::eq(call.script, &self.counter) {
-            1
-        } else if std::ptr::eq(call.script, &self.log) {
-            2
-        } else {
-            0
-        }
-    }
-}
-
-/// A script command: sent by hash, or with its text when the server's cache lost it.
-pub trait ScriptCommand {
-    /// `EVALSHA`: runs the script from the node's cache.
-    fn evalsha(&self) -> Cmd;
-    /// `EVAL`: sends the script along, which also caches it on the node; the answer to NOSCRIPT.
-    fn eval(&self) -> Cmd;
 }
 
 /// The most arguments a script takes: a log acquire's limit, window, cost, counting and lease
@@ -260,6 +214,17 @@ pub struct Call<'a> {
 }
 
 impl Call<'_> {
+    /// `EVALSHA`: runs the script from the node's cache.
+    pub fn evalsha(&self) -> Cmd {
+        self.command("EVALSHA", &self.script.hash)
+    }
+
+    /// `EVAL`: sends the script along, which also caches it on the node; the answer to NOSCRIPT
+    /// after the server's cache lost it.
+    pub fn eval(&self) -> Cmd {
+        self.command("EVAL", self.script.code)
+    }
+
     /// Adds a decision time to the arguments, instead of the server's clock (tests only), after
     /// every option the call left out as 0 is put back, so that the time is where the script
     /// reads it. Acquire calls, the only ones that take it, always have room for it.
@@ -378,69 +343,6 @@ impl Call<'_> {
                 Ok((verdict, k))
             }
         }
-    }
-}
-
-impl ScriptCommand for Call<'_> {
-    fn evalsha(&self) -> Cmd {
-        self.command("EVALSHA", &self.script.hash)
-    }
-
-    fn eval(&self) -> Cmd {
-        self.command("EVAL", self.script.code)
-    }
-}
-
-/// Acquire calls sent as one call of `lua/batch.lua`, whose reply holds one reply per call.
-#[derive(Debug, Clone, Copy)]
-pub struct Batch<'c, 'a> {
-    scripts: &'a Scripts,
-    calls: &'c [Call<'a>],
-}
-
-impl Batch<'_, '_> {
-    /// The command: every call's keys in order, then for each call its script's number in the
-    /// batch, its argument count and its arguments.
-    fn command(&self, name: &str, script: &str) -> Cmd {
-        let keys: usize = self.calls.iter().map(|call| call.suffixes.len()).sum();
-        let args: usize = self.calls.iter().map(|call| 2 + call.args.len).sum();
-        let key_bytes: usize = self.calls.iter().map(Call::key_bytes).sum();
-        let size = name.len() + script.len() + 4 + key_bytes + 20 * args;
-        let mut cmd = Cmd::with_capacity(3 + keys + args, size);
-        cmd.arg(name).arg(script).arg(keys);
-        for call in self.calls {
-            call.write_keys(&mut cmd);
-        }
-        for call in self.calls {
-            cmd.arg(self.scripts.batch_number(call)).arg(call.args.len);
-            for &value in call.args.as_slice() {
-                cmd.arg(value);
-            }
-        }
-        cmd
-    }
-
-    /// Splits the batch's reply into one reply per call, in order. An error answering the whole
-    /// call (say, out of memory) is every call's answer.
-    pub fn replies(&self, reply: Value) -> Result<Vec<Value>, BackendError> {
-        match reply {
-            Value::Array(items) if items.len() == self.calls.len() => Ok(items),
-            Value::ServerError(err) => Ok(vec![Value::ServerError(err); self.calls.len()]),
-            other => Err(BackendError::Protocol(format!(
-                "a batch of {} calls answered {other:?}",
-                self.calls.len()
-            ))),
-        }
-    }
-}
-
-impl ScriptCommand for Batch<'_, '_> {
-    fn evalsha(&self) -> Cmd {
-        self.command("EVALSHA", &self.scripts.batch.hash)
-    }
-
-    fn eval(&self) -> Cmd {
-        self.command("EVAL", self.scripts.batch.code)
     }
 }
 

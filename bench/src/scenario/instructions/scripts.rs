@@ -170,9 +170,9 @@ pub fn count_script(
     let mut command = vec!["EVALSHA", sha.as_str(), "1", key.as_str()];
     command.extend(arguments.iter().map(String::as_str));
     // Warm: the script compiled, the keys made, the allocator's caches filled.
-    benchmark_server(&server, CONNECTIONS, warm_up, &command)?;
+    benchmark_server(&server, CONNECTIONS, 1, warm_up, &command)?;
     callgrind(control, pid, "--instr=on")?;
-    let run_counted = benchmark_server(&server, CONNECTIONS, counted, &command);
+    let run_counted = benchmark_server(&server, CONNECTIONS, 1, counted, &command);
     callgrind(control, pid, "--instr=off")?;
     let stats = run_counted?.stats;
     let evalsha = stats.get("evalsha").copied().unwrap_or_default();

@@ -1,8 +1,11 @@
 //! How a decision reaches its script, measured on the single server with redis-benchmark: the
 //! decision code of each algorithm (the file tollgate embeds) called by `EVALSHA` with one limit
-//! a call, by `FCALL` with one limit a call (a Redis function library holding the same code), and
-//! by `EVALSHA` deciding two limits of one request in one call (two sets of keys sharing a hash
-//! tag, so one slot, as a request's limits of one descriptor entry would).
+//! a call, by `FCALL` with one limit a call (a Redis function library holding the same code), by
+//! `EVALSHA` with one limit a call and two calls sent together (what tollgate sends for a request
+//! of two limits: one pipeline), and by `EVALSHA` deciding two limits of one request in one call
+//! (two sets of keys sharing a hash tag, so one slot, as a request's limits of one descriptor
+//! entry would). The last does nothing between its two decisions, so it is the most that one
+//! call for all of a request's limits could save beside the pipeline.
 //!
 //! Every variant runs the same code: the script's text becomes the body of one Lua function,
 //! `decide(KEYS, ARGV)`, and each variant calls it, deriving the script's keys from the one key it
@@ -18,7 +21,7 @@ use std::fmt::Write as _;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use super::{benchmark, load_script};
+use super::{benchmark_server, load_script};
 use crate::ceiling::{hit_arguments, key_suffixes, script};
 use crate::doc::{Align, Table, count, fixed, median, times_by_run};
 use crate::scenario::{Algorithm, DOMAIN, WINDOW_MS, distinct, run_ratios};
@@ -32,15 +35,18 @@ pub enum Invocation {
     Evalsha,
     /// `FCALL` of a function deciding one limit.
     Fcall,
+    /// `EVALSHA` of a script deciding one limit, two calls sent together on each connection.
+    EvalshaPipelined,
     /// `EVALSHA` of a script deciding two limits in one call.
     EvalshaTwo,
 }
 
 impl Invocation {
     /// Every variant, in the order they are measured and shown.
-    pub const ALL: [Invocation; 3] = [
+    pub const ALL: [Invocation; 4] = [
         Invocation::Evalsha,
         Invocation::Fcall,
+        Invocation::EvalshaPipelined,
         Invocation::EvalshaTwo,
     ];
 
@@ -48,6 +54,7 @@ impl Invocation {
         match self {
             Invocation::Evalsha => "EVALSHA, one limit a call",
             Invocation::Fcall => "FCALL, one limit a call",
+            Invocation::EvalshaPipelined => "EVALSHA, one limit a call, two pipelined",
             Invocation::EvalshaTwo => "EVALSHA, two limits a call",
         }
     }
@@ -55,7 +62,15 @@ impl Invocation {
     fn limits_per_call(self) -> u64 {
         match self {
             Invocation::EvalshaTwo => 2,
-            Invocation::Evalsha | Invocation::Fcall => 1,
+            Invocation::Evalsha | Invocation::Fcall | Invocation::EvalshaPipelined => 1,
+        }
+    }
+
+    /// Calls each connection sends together before it waits for their answers.
+    fn pipeline(self) -> u32 {
+        match self {
+            Invocation::EvalshaPipelined => 2,
+            Invocation::Evalsha | Invocation::Fcall | Invocation::EvalshaTwo => 1,
         }
     }
 
@@ -63,7 +78,9 @@ impl Invocation {
     fn command(self) -> &'static str {
         match self {
             Invocation::Fcall => "fcall",
-            Invocation::Evalsha | Invocation::EvalshaTwo => "evalsha",
+            Invocation::Evalsha | Invocation::EvalshaPipelined | Invocation::EvalshaTwo => {
+                "evalsha"
+            }
         }
     }
 }
@@ -137,7 +154,7 @@ fn function_name(algorithm: Algorithm) -> String {
 pub fn source(algorithm: Algorithm, invocation: Invocation) -> String {
     let decide = decide(algorithm);
     match invocation {
-        Invocation::Evalsha => format!(
+        Invocation::Evalsha | Invocation::EvalshaPipelined => format!(
             "{decide}return decide({}, ARGV)",
             keys_from(algorithm, "KEYS[1]")
         ),
@@ -187,7 +204,7 @@ fn commands(
                 }
                 vec!["FCALL".to_owned(), name]
             }
-            Invocation::Evalsha | Invocation::EvalshaTwo => {
+            Invocation::Evalsha | Invocation::EvalshaPipelined | Invocation::EvalshaTwo => {
                 let what = format!("the {} script, {}", algorithm.name(), invocation.name());
                 let sha = load_script(server, &text, &what)?;
                 vec!["EVALSHA".to_owned(), sha]
@@ -202,7 +219,7 @@ fn commands(
 }
 
 /// Measures every variant of both algorithms `runs` times, interleaved within each run, with
-/// `requests` calls of one limit (half as many of two) a run.
+/// `requests` calls of one limit (half as many of two) a run, on `concurrency` connections.
 pub fn measure(
     nodes: &Nodes<'_>,
     concurrency: u32,
@@ -221,7 +238,13 @@ pub fn measure(
         for (algorithm, invocation, command) in &variants {
             let arguments: Vec<&str> = command.iter().map(String::as_str).collect();
             let calls = requests / invocation.limits_per_call();
-            let measured = benchmark(nodes, concurrency, calls, &arguments)?;
+            let measured = benchmark_server(
+                server,
+                concurrency,
+                invocation.pipeline(),
+                calls,
+                &arguments,
+            )?;
             let stat = measured
                 .stats
                 .get(invocation.command())
@@ -249,13 +272,16 @@ pub fn render(runs: &[InvocationRun], out: &mut String) {
         out,
         "#### How the script is called\n\n\
          The decision code of each algorithm (its script's text as the body of one Lua function) \
-         called three ways on the single server with redis-benchmark, with as many connections, \
-         one call in flight each, on 10,000 keys under a limit no load reaches: `EVALSHA` \
-         deciding one limit a call (what tollgate sends), `FCALL` of a Redis function holding the \
-         same code, one limit a call, and `EVALSHA` deciding two limits of one request (keys in \
-         one slot) in one call. *In the script*: Redis's own accounting (`INFO commandstats`); \
-         *process*: redis-server's CPU from its `INFO cpu`, which adds reading, parsing and \
-         answering the calls.\n"
+         called four ways on the single server with redis-benchmark, with as many connections, \
+         on 10,000 keys under a limit no load reaches: `EVALSHA` deciding one limit a call, one \
+         call in flight per connection (what tollgate sends for a request of one limit); `FCALL` \
+         of a Redis function holding the same code, likewise; `EVALSHA` deciding one limit a \
+         call, two calls sent together per connection (what tollgate sends for a request of two \
+         limits: one pipeline); and `EVALSHA` deciding two limits of one request (keys in one \
+         slot) in one call, one call in flight per connection, which does nothing between the \
+         two decisions: the most that one call for all of a request's limits could save. *In \
+         the script*: Redis's own accounting (`INFO commandstats`); *process*: redis-server's \
+         CPU from its `INFO cpu`, which adds reading, parsing and answering the calls.\n"
     );
     let mut table = Table::new(&[
         ("algorithm", Align::Left),
@@ -291,37 +317,33 @@ pub fn render(runs: &[InvocationRun], out: &mut String) {
     out.push_str(&table.render());
     for algorithm in distinct(runs.iter().map(|r| r.algorithm)) {
         let of: Vec<&InvocationRun> = runs.iter().filter(|r| r.algorithm == algorithm).collect();
-        let ratio = |numerator: Invocation, measure: fn(&InvocationRun) -> Option<f64>| {
-            run_ratios(
+        let ratio = |numerator: Invocation,
+                     denominator: Invocation,
+                     measure: fn(&InvocationRun) -> Option<f64>| {
+            times_by_run(&run_ratios(
                 &of,
                 |r| r.run,
                 |r| r.invocation == numerator,
-                |r| r.invocation == Invocation::Evalsha,
+                |r| r.invocation == denominator,
                 |r| measure(r).unwrap_or(f64::NAN),
-            )
+            ))
         };
+        let (script, process) = (
+            InvocationRun::script_usec_per_limit as fn(&InvocationRun) -> Option<f64>,
+            InvocationRun::process_usec_per_limit as fn(&InvocationRun) -> Option<f64>,
+        );
+        let (one, fcall) = (Invocation::Evalsha, Invocation::Fcall);
+        let (pipelined, two) = (Invocation::EvalshaPipelined, Invocation::EvalshaTwo);
         let _ = write!(
             out,
-            "\n{}, Redis CPU per limit against `EVALSHA` one limit a call, the median of the runs' \
-             ratios: `FCALL` {} in the script, {} in the process; two limits a call {} in the \
-             script, {} in the process.\n",
+            "\n{}, Redis CPU per limit, the median of the runs' ratios: `FCALL` against `EVALSHA`, \
+             one limit a call, {} in the script, {} in the process; two limits a call against \
+             one limit a call, two pipelined, {} in the script, {} in the process.\n",
             algorithm.name(),
-            times_by_run(&ratio(
-                Invocation::Fcall,
-                InvocationRun::script_usec_per_limit
-            )),
-            times_by_run(&ratio(
-                Invocation::Fcall,
-                InvocationRun::process_usec_per_limit
-            )),
-            times_by_run(&ratio(
-                Invocation::EvalshaTwo,
-                InvocationRun::script_usec_per_limit
-            )),
-            times_by_run(&ratio(
-                Invocation::EvalshaTwo,
-                InvocationRun::process_usec_per_limit
-            )),
+            ratio(fcall, one, script),
+            ratio(fcall, one, process),
+            ratio(two, pipelined, script),
+            ratio(two, pipelined, process),
         );
     }
 }
@@ -335,6 +357,10 @@ mod tests {
         let evalsha = source(Algorithm::Log, Invocation::Evalsha);
         assert!(evalsha.starts_with("local function decide(KEYS, ARGV)\n"));
         assert!(evalsha.ends_with("return decide({KEYS[1] .. ':l', KEYS[1] .. ':s'}, ARGV)"));
+        // The pipelined variant sends the same script, two calls at a time.
+        assert_eq!(source(Algorithm::Log, Invocation::EvalshaPipelined), evalsha);
+        assert_eq!(Invocation::EvalshaPipelined.pipeline(), 2);
+        assert_eq!(Invocation::EvalshaTwo.limits_per_call(), 2);
         let two = source(Algorithm::Counter, Invocation::EvalshaTwo);
         assert!(two.ends_with(
             "return { decide({KEYS[1] .. ':a' .. ':c'}, ARGV), \

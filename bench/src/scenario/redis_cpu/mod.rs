@@ -13,8 +13,8 @@
 //! and keeps a TTL does), the commands an admitted hit of the log runs with no decision between
 //! them, and the commands envoyproxy/ratelimit sends per decision (`INCRBY` and `EXPIRE`, no
 //! script), whose microseconds per decision are the sum of the two. Beside them, how the script is
-//! called: the same decision code by `EVALSHA`, by `FCALL`, and two limits in one call (see
-//! [`invocation`]).
+//! called: the same decision code by `EVALSHA`, by `FCALL`, one limit a call pipelined, and two
+//! limits in one call (see [`invocation`]).
 
 pub mod invocation;
 
@@ -302,14 +302,16 @@ pub fn benchmark(
     command: &[&str],
 ) -> anyhow::Result<Benchmarked> {
     let server = nodes.masters().first().context("no Redis server")?;
-    benchmark_server(server, concurrency, requests, command)
+    benchmark_server(server, concurrency, 1, requests, command)
 }
 
 /// Runs redis-benchmark with `command` `requests` times (values of `__rand_int__` below 10,000)
-/// against `server`.
+/// against `server`, on `concurrency` connections that each send `pipeline` calls a write and
+/// wait for their answers before the next.
 pub fn benchmark_server(
     server: &RedisServer,
     concurrency: u32,
+    pipeline: u32,
     requests: u64,
     command: &[&str],
 ) -> anyhow::Result<Benchmarked> {
@@ -318,7 +320,8 @@ pub fn benchmark_server(
     let clock = Instant::now();
     let output = Command::new(redis_benchmark_bin()?)
         .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
-        .args(["-c", &concurrency.to_string(), "-n", &requests.to_string()])
+        .args(["-c", &concurrency.to_string(), "-P", &pipeline.to_string()])
+        .args(["-n", &requests.to_string()])
         .args(["-r", "10000", "-q"])
         .args(command)
         .output()
@@ -497,8 +500,8 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          call and per decision; *Redis process*: the CPU of every Redis process from its `INFO \
          cpu`, which adds the work around each command (reading, parsing, answering), per limit decided (one \
          per descriptor). *Admitted*: 10,000 keys per descriptor under a limit no load reaches, \
-         one descriptor a request or several (each a limit of its own: on one server a \
-         request's limits go in one call, on a cluster one call each); *refused*: one \
+         one descriptor a request or several (each a limit of its own and a script call of its own; on one \
+         server a request's calls go in one pipeline); *refused*: one \
          descriptor, one key whose limit (10 a minute per shard) the warmup spends. \
          *Floors*, on the single server in the same run with redis-benchmark: a minimal script \
          (`TIME`, `HINCRBY`, `PEXPIRE`), the commands an admitted hit of the log runs with no \
