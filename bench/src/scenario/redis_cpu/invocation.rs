@@ -2,16 +2,18 @@
 //! decision code of each algorithm (the file tollgate embeds) called by `EVALSHA` with one limit
 //! a call, by `FCALL` with one limit a call (a Redis function library holding the same code), by
 //! `EVALSHA` with one limit a call and two calls sent together (what tollgate sends for a request
-//! of two limits: one pipeline), and by `EVALSHA` deciding two limits of one request in one call
-//! (two sets of keys sharing a hash tag, so one slot, as a request's limits of one descriptor
-//! entry would). The last does nothing between its two decisions, so it is the most that one
-//! call for all of a request's limits could save beside the pipeline.
+//! of two limits: one pipeline), and by `EVALSHA` deciding two limits of one request in one call.
+//! The last does nothing between its two decisions, so it is the most that one call for all of a
+//! request's limits could save beside the pipeline.
 //!
 //! Every variant runs the same code: the script's text becomes the body of one Lua function,
 //! `decide(KEYS, ARGV)`, and each variant calls it, deriving the script's keys from the one key it
 //! is given (`<identity>:c` for the counter; `<identity>:l` and `<identity>:s` for the log, so the
 //! log and its sum always belong together, which redis-benchmark's independent `__rand_int__`s
-//! would not give). Two measures per run: Redis's own accounting of the script (`INFO
+//! would not give); the call of two limits is given two keys, each drawn on its own. Every
+//! variant of every run starts on keys of its own, so each spreads the same number of limits
+//! over the same number of limiters, and none inherits the entries another's logs hold (a
+//! log's commands cost more the more entries it has). Two measures per run: Redis's own accounting of the script (`INFO
 //! commandstats`, the time inside `evalsha` or `fcall`), and the redis-server process's CPU from
 //! its `INFO cpu`, which adds what a call costs around the script: reading, parsing, dispatching
 //! and answering it.
@@ -160,8 +162,8 @@ pub fn source(algorithm: Algorithm, invocation: Invocation) -> String {
         ),
         Invocation::EvalshaTwo => format!(
             "{decide}return {{ decide({}, ARGV), decide({}, ARGV) }}",
-            keys_from(algorithm, "KEYS[1] .. ':a'"),
-            keys_from(algorithm, "KEYS[1] .. ':b'")
+            keys_from(algorithm, "KEYS[1]"),
+            keys_from(algorithm, "KEYS[2]")
         ),
         Invocation::Fcall => {
             let name = function_name(algorithm);
@@ -175,23 +177,23 @@ pub fn source(algorithm: Algorithm, invocation: Invocation) -> String {
 }
 
 /// The key redis-benchmark sends: tollgate's identity of one descriptor value, hash tag
-/// included, without the suffix the script adds.
-fn key(algorithm: Algorithm) -> String {
+/// included, without the suffix the script adds, in the key space `space` (one per variant and
+/// run).
+fn key(algorithm: Algorithm, space: &str) -> String {
     let tag = match algorithm {
         Algorithm::Counter => 'c',
         Algorithm::Log => 'l',
     };
-    format!("{KEY_PREFIX}{{{DOMAIN}|user=__rand_int__@{tag}{WINDOW_MS}}}")
+    format!("{KEY_PREFIX}{space}:{{{DOMAIN}|user=__rand_int__@{tag}{WINDOW_MS}}}")
 }
 
-/// Loads every variant of `algorithm` on the single server and answers the command
-/// redis-benchmark repeats for each (`limit`, window and cost 1 as arguments).
+/// Loads every variant of `algorithm` on the single server and answers the head of the command
+/// redis-benchmark repeats for each (up to its keys, which `command` adds).
 fn commands(
     nodes: &Nodes<'_>,
     algorithm: Algorithm,
 ) -> anyhow::Result<Vec<(Invocation, Vec<String>)>> {
     let server = nodes.masters().first().context("no Redis server")?;
-    let arguments = hit_arguments();
     let mut out = Vec::new();
     for invocation in Invocation::ALL {
         let text = source(algorithm, invocation);
@@ -210,12 +212,25 @@ fn commands(
                 vec!["EVALSHA".to_owned(), sha]
             }
         };
-        let mut command = head;
-        command.extend(["1".to_owned(), key(algorithm)]);
-        command.extend(arguments.iter().cloned());
-        out.push((invocation, command));
+        out.push((invocation, head));
     }
     Ok(out)
+}
+
+/// The whole command of `invocation` after its `head`: its keys in the key space `space`, then
+/// `limit`, window and cost 1.
+fn command(
+    head: &[String],
+    algorithm: Algorithm,
+    invocation: Invocation,
+    space: &str,
+) -> Vec<String> {
+    let keys = invocation.limits_per_call();
+    let mut command = head.to_vec();
+    command.push(keys.to_string());
+    command.extend((0..keys).map(|_| key(algorithm, space)));
+    command.extend(hit_arguments());
+    command
 }
 
 /// Measures every variant of both algorithms `runs` times, interleaved within each run, with
@@ -229,13 +244,15 @@ pub fn measure(
     let server = nodes.masters().first().context("no Redis server")?;
     let mut variants = Vec::new();
     for algorithm in [Algorithm::Counter, Algorithm::Log] {
-        for (invocation, command) in commands(nodes, algorithm)? {
-            variants.push((algorithm, invocation, command));
+        for (invocation, head) in commands(nodes, algorithm)? {
+            variants.push((algorithm, invocation, head));
         }
     }
     let mut out = Vec::new();
     for run in 1..=runs {
-        for (algorithm, invocation, command) in &variants {
+        for (variant, (algorithm, invocation, head)) in variants.iter().enumerate() {
+            let space = format!("run{run}-{variant}");
+            let command = command(head, *algorithm, *invocation, &space);
             let arguments: Vec<&str> = command.iter().map(String::as_str).collect();
             let calls = requests / invocation.limits_per_call();
             let measured = benchmark_server(
@@ -277,11 +294,13 @@ pub fn render(runs: &[InvocationRun], out: &mut String) {
          call in flight per connection (what tollgate sends for a request of one limit); `FCALL` \
          of a Redis function holding the same code, likewise; `EVALSHA` deciding one limit a \
          call, two calls sent together per connection (what tollgate sends for a request of two \
-         limits: one pipeline); and `EVALSHA` deciding two limits of one request (keys in one \
-         slot) in one call, one call in flight per connection, which does nothing between the \
-         two decisions: the most that one call for all of a request's limits could save. *In \
-         the script*: Redis's own accounting (`INFO commandstats`); *process*: redis-server's \
-         CPU from its `INFO cpu`, which adds reading, parsing and answering the calls.\n"
+         limits: one pipeline); and `EVALSHA` deciding two limits in one call, one call in \
+         flight per connection, which does nothing between the two decisions: the most that one \
+         call for all of a request's limits could save. Each variant of each run starts on keys \
+         of its own, so every variant spreads as many limits over as many limiters (a log's \
+         commands cost more the more entries it holds). *In the script*: Redis's own accounting \
+         (`INFO commandstats`); *process*: redis-server's CPU from its `INFO cpu`, which adds \
+         reading, parsing and answering the calls.\n"
     );
     let mut table = Table::new(&[
         ("algorithm", Align::Left),
@@ -358,23 +377,39 @@ mod tests {
         assert!(evalsha.starts_with("local function decide(KEYS, ARGV)\n"));
         assert!(evalsha.ends_with("return decide({KEYS[1] .. ':l', KEYS[1] .. ':s'}, ARGV)"));
         // The pipelined variant sends the same script, two calls at a time.
-        assert_eq!(source(Algorithm::Log, Invocation::EvalshaPipelined), evalsha);
+        assert_eq!(
+            source(Algorithm::Log, Invocation::EvalshaPipelined),
+            evalsha
+        );
         assert_eq!(Invocation::EvalshaPipelined.pipeline(), 2);
         assert_eq!(Invocation::EvalshaTwo.limits_per_call(), 2);
         let two = source(Algorithm::Counter, Invocation::EvalshaTwo);
-        assert!(two.ends_with(
-            "return { decide({KEYS[1] .. ':a' .. ':c'}, ARGV), \
-             decide({KEYS[1] .. ':b' .. ':c'}, ARGV) }"
-        ));
         let fcall = source(Algorithm::Counter, Invocation::Fcall);
         assert!(fcall.starts_with("#!lua name=tollgate_bench_counter\n"));
         assert!(fcall.ends_with(
             "redis.register_function('tollgate_bench_counter', function(keys, args) \
              return decide({keys[1] .. ':c'}, args) end)"
         ));
+        assert!(two.ends_with(
+            "return { decide({KEYS[1] .. ':c'}, ARGV), decide({KEYS[2] .. ':c'}, ARGV) }"
+        ));
         assert_eq!(
-            key(Algorithm::Counter),
-            "tollgate:{bench|user=__rand_int__@c60000}"
+            command(
+                &["EVALSHA".to_owned(), "sha".to_owned()],
+                Algorithm::Counter,
+                Invocation::EvalshaTwo,
+                "run1-3"
+            ),
+            [
+                "EVALSHA",
+                "sha",
+                "2",
+                "tollgate:run1-3:{bench|user=__rand_int__@c60000}",
+                "tollgate:run1-3:{bench|user=__rand_int__@c60000}",
+                "4000000000",
+                "60000",
+                "1"
+            ]
         );
     }
 }
