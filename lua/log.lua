@@ -3,7 +3,8 @@
 -- KEYS[1]  the limiter's log: a sorted set with one member per recorded hit, scored by the hit's
 --          time in ms; the member is "<id>:<cost>", so a hit of cost 100 is one member
 -- KEYS[2]  the log's hash beside it: field "sum" = total cost of the members, field "seq" = the
---          last entry id handed out
+--          last entry id handed out, field "exp" = when the keys were last set to expire, in
+--          ms since the epoch on the server's clock (see the invariants)
 -- ARGV[1]  limit L: units admitted per window, an integer in 0 .. 2^53-1
 -- ARGV[2]  window W in milliseconds, an integer in 1 .. 2^40
 -- ARGV[3]  cost c: 0 = check only (consume nothing), else the units to consume, 1 .. L+1
@@ -12,9 +13,9 @@
 -- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
 --          does not fit is still charged, as envoyproxy/ratelimit counts); absent = 0
 -- ARGV[5]  ahead: 0 for an ordinary hit; for a leased slice, the lease time in ms (at most
---          1000, below MARGIN_MS): the entry is stamped this far after the decision, because the
---          slice's hits may be admitted until then and must stay in the window as long as hits
---          admitted then would; absent = 0
+--          1000, below MARGIN_MS; a larger one is read as 1000): the entry is stamped this far
+--          after the decision, because the slice's hits may be admitted until then and must stay
+--          in the window as long as hits admitted then would; absent = 0
 -- ARGV[6]  optional decision time in ms since the epoch, for tests (ARGV[4] and ARGV[5] then
 --          present); without it the server's clock (TIME) decides
 --
@@ -42,8 +43,15 @@
 -- time x is inside the window at t iff x > t - W; entries stamped ahead count in full from the
 -- moment they are added. Every key outlives its newest entry's stay in the window (ahead is
 -- below MARGIN_MS, so a later call's PEXPIRE never cuts an earlier entry short), and both keys
--- always carry the same expiry. Costs, sums and ids stay below 2^53, so plain Lua numbers are
--- exact here.
+-- always carry the same expiry. A recorded hit sets the expiry a second MARGIN_MS later,
+-- stamp + W + 2*MARGIN_MS, and records it as "exp"; every other call that sets an expiry (the
+-- drop of expired entries below, a test's call, the versions before "exp") sets at least its
+-- now + W + MARGIN_MS. Neither key therefore expires before exp - MARGIN_MS - MAX_AHEAD_MS,
+-- and a recorded hit whose entry leaves the window EXP_SLACK_MS before that need not set the
+-- expiry again: for about three seconds after each setting, a hit runs two commands fewer
+-- (counted on redis-server, about 5,600 instructions a call, 5%, when a log is hit about every
+-- second; a log hit less often than every three seconds pays about 1% for "exp"). Costs,
+-- sums and ids stay below 2^53, so plain Lua numbers are exact here.
 
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 5 must be told to replicate effects, because TIME is read before writing. Redis 7,
@@ -52,6 +60,8 @@ if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
 end
 
 local MARGIN_MS = 5000 -- keys outlive their newest entry by this much
+local MAX_AHEAD_MS = 1000 -- the longest lease time ARGV[5] may give (the caller clamps it)
+local EXP_SLACK_MS = 1000 -- an entry leaves this long before its keys may, to skip PEXPIREAT
 local SCAN = 64 -- the most entries read per step when looking for the retry time
 
 -- Integers are printed through a C long ('%d'), which costs Redis far less than formatting a
@@ -80,7 +90,7 @@ local cost = ARGV[3] == '1' and 1 or tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
 local ahead = 0
 if ARGV[5] and ARGV[5] ~= '0' then
-  ahead = tonumber(ARGV[5]) or 0
+  ahead = math.min(tonumber(ARGV[5]) or 0, MAX_AHEAD_MS)
 end
 local now
 if ARGV[6] then
@@ -93,7 +103,7 @@ end
 -- forget the entries that have left the window, and their costs
 local cutoff = string.format(INT, now - window)
 local expired = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
-local state = redis.call('HMGET', meta, 'sum', 'seq')
+local state = redis.call('HMGET', meta, 'sum', 'seq', 'exp')
 local used = tonumber(state[1])
 local seq = tonumber(state[2])
 local changed = false
@@ -166,10 +176,25 @@ if entry > 0 then
   end
   redis.call('ZADD', log, string.format(INT, stamp), member)
   local used_text = string.format(INT, used)
-  redis.call('HSET', meta, 'sum', used_text, 'seq', text_id)
-  local ttl = string.format(INT, window + (stamp - now) + MARGIN_MS)
-  redis.call('PEXPIRE', meta, ttl)
-  redis.call('PEXPIRE', log, ttl)
+  -- The keys live until "exp" at least (see the invariants); a decision time given by a test
+  -- is not the server's clock, which the expiry runs on, so such a call always sets it.
+  local exp = tonumber(state[3])
+  if ARGV[6] then
+    -- A decision time given by a test is not the server's clock, which expiry runs on: the
+    -- expiry is set from the server's clock, and no time is recorded.
+    redis.call('HSET', meta, 'sum', used_text, 'seq', text_id)
+    local ttl = string.format(INT, window + (stamp - now) + 2 * MARGIN_MS)
+    redis.call('PEXPIRE', meta, ttl)
+    redis.call('PEXPIRE', log, ttl)
+  elseif exp and stamp + window + EXP_SLACK_MS + MARGIN_MS + MAX_AHEAD_MS <= exp then
+    -- the keys outlive this entry's stay already (see the invariants)
+    redis.call('HSET', meta, 'sum', used_text, 'seq', text_id)
+  else
+    local at = string.format(INT, stamp + window + 2 * MARGIN_MS)
+    redis.call('HSET', meta, 'sum', used_text, 'seq', text_id, 'exp', at)
+    redis.call('PEXPIREAT', meta, at)
+    redis.call('PEXPIREAT', log, at)
+  end
   if admitted then
     -- the short reply (see the header), from the two numbers already formatted for the hash
     return text_id .. ' ' .. used_text

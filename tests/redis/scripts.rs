@@ -18,6 +18,7 @@ cases! {
     a_requests_hits_are_each_decided_as_a_call_of_their_own: [redis];
     stored_numbers_are_whole_integers_as_every_version_writes_them: [redis];
     a_count_written_by_something_else_decides_as_the_script_reads_it: [redis];
+    the_log_sets_its_expiry_only_when_its_keys_would_expire_too_soon: [redis];
 }
 
 async fn connect(t: &Target) -> RedisBackend {
@@ -522,4 +523,141 @@ async fn a_count_written_by_something_else_decides_as_the_script_reads_it(t: &Ta
             "window k-1 holding {text:?}"
         );
     }
+}
+
+/// What one log's keys hold about their expiry: the hash's "exp", when each key expires (ms
+/// since the epoch, the server's clock) and the newest entry's time.
+#[derive(Debug, Clone, Copy)]
+struct Expiry {
+    exp: u64,
+    log_at: u64,
+    hash_at: u64,
+    newest: u64,
+}
+
+fn expiry_of(t: &Target, key: &str) -> Expiry {
+    let server = t.redis_server();
+    let (log, hash) = log_keys(t, key);
+    let number = |answer: String, what: &str| -> u64 {
+        answer
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{what}: {answer:?}"))
+    };
+    let newest = server.cli(&["ZRANGE", &log, "-1", "-1", "WITHSCORES"]);
+    Expiry {
+        exp: number(server.cli(&["HGET", &hash, "exp"]), "exp"),
+        log_at: number(server.cli(&["PEXPIRETIME", &log]), "the log's expiry"),
+        hash_at: number(server.cli(&["PEXPIRETIME", &hash]), "the hash's expiry"),
+        newest: number(
+            newest.lines().nth(1).unwrap_or_default().to_owned(),
+            "the newest entry's time",
+        ),
+    }
+}
+
+/// The Redis keys of the log of `key`: its sorted set and its hash.
+fn log_keys(t: &Target, key: &str) -> (String, String) {
+    let keys = t
+        .redis_server()
+        .cli(&["--scan", "--pattern", &format!("{}*", t.prefix())]);
+    let named = |suffix: &str| -> String {
+        keys.lines()
+            .find(|line| line.contains(key) && line.ends_with(suffix))
+            .unwrap_or_else(|| panic!("no {key} key ending {suffix} in {keys}"))
+            .to_owned()
+    };
+    (named(":l"), named(":s"))
+}
+
+/// The log sets its keys' expiry again only when the time its hash records ("exp", before which
+/// neither key expires) would not outlast the new entry's stay in the window by a second; and
+/// whatever set the expiry in between, an older tollgate's script included (which sets it on
+/// every hit, a margin past the entry's stay), both keys expire together and after their newest
+/// entry has left the window.
+async fn the_log_sets_its_expiry_only_when_its_keys_would_expire_too_soon(t: &Target) {
+    const MARGIN_MS: u64 = 5000;
+    const SLACK_MS: u64 = 1000;
+    const MAX_AHEAD_MS: u64 = 1000;
+    let backend = connect(t).await;
+    let window_ms = 60_000;
+    let key = fresh_key("expiry");
+    let plain = hit(
+        &key,
+        Algorithm::SlidingWindowLog,
+        1000,
+        window_ms,
+        Cost::Consume(1),
+    );
+    let leased = Hit {
+        lease_ms: 1000,
+        ..plain.clone()
+    };
+    let stored = stored_key(t, &key);
+    assert!(stored.is_none(), "{key} exists before its first hit");
+    let admit = |h: Hit| {
+        let backend = &backend;
+        async move {
+            let outcome = backend.acquire(&[h]).await.remove(0).expect("decided");
+            assert!(outcome.verdict.admitted);
+        }
+    };
+    let holds = |e: Expiry, what: &str| {
+        assert_eq!(
+            e.log_at, e.hash_at,
+            "{what}: both keys expire together: {e:?}"
+        );
+        assert!(
+            e.log_at >= e.newest + window_ms,
+            "{what}: the keys expire before the newest entry leaves the window: {e:?}"
+        );
+    };
+
+    // The first hit sets the expiry two margins past the entry's stay, and records it.
+    admit(plain.clone()).await;
+    let first = expiry_of(t, &key);
+    holds(first, "first hit");
+    assert_eq!(
+        first.exp,
+        first.newest + window_ms + 2 * MARGIN_MS,
+        "{first:?}"
+    );
+    assert_eq!(first.log_at, first.exp, "{first:?}");
+
+    // An older tollgate sets the expiry on every hit, one margin past its entry's stay: shorter
+    // than this version's. The next hit (stamped a lease time ahead) sets it again exactly when
+    // its entry's stay would not end a second before the least expiry any writer leaves, a
+    // margin and a lease time before the recorded one (the calls are milliseconds apart, so it
+    // normally does not).
+    let server = t.redis_server();
+    let (log, hash) = log_keys(t, &key);
+    server.cli(&[
+        "EVAL",
+        "redis.call('PEXPIRE', KEYS[1], ARGV[1]) redis.call('PEXPIRE', KEYS[2], ARGV[1])",
+        "2",
+        &hash,
+        &log,
+        &(window_ms + MARGIN_MS).to_string(),
+    ]);
+    admit(leased).await;
+    let second = expiry_of(t, &key);
+    holds(second, "a leased hit after an older version's expiry");
+    let skipped = second.newest + window_ms + SLACK_MS + MARGIN_MS + MAX_AHEAD_MS <= first.exp;
+    assert_eq!(
+        second.exp == first.exp,
+        skipped,
+        "the expiry is set again exactly when it would end too soon: {first:?} then {second:?}"
+    );
+
+    // A recorded time that has passed makes the next hit set the expiry again.
+    server.cli(&["HSET", &hash, "exp", "1"]);
+    admit(plain).await;
+    let third = expiry_of(t, &key);
+    holds(third, "after a recorded time that has passed");
+    assert!(third.exp >= first.exp, "{third:?}");
+    assert!(
+        third.exp >= third.newest + window_ms + MARGIN_MS,
+        "{third:?}"
+    );
+    assert_eq!(third.log_at, third.exp, "{third:?}");
 }
