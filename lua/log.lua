@@ -60,7 +60,7 @@ if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
 end
 
 local MARGIN_MS = 5000 -- keys outlive their newest entry by this much
-local MAX_AHEAD_MS = 1000 -- the longest lease time ARGV[5] may give (the caller clamps it)
+local MAX_AHEAD_MS = 1000 -- the longest lease time: a larger ARGV[5] is read as this
 local EXP_SLACK_MS = 1000 -- an entry leaves this long before its keys may, to skip PEXPIREAT
 local SCAN = 64 -- the most entries read per step when looking for the retry time
 
@@ -176,8 +176,7 @@ if entry > 0 then
   end
   redis.call('ZADD', log, string.format(INT, stamp), member)
   local used_text = string.format(INT, used)
-  -- The keys live until "exp" at least (see the invariants); a decision time given by a test
-  -- is not the server's clock, which the expiry runs on, so such a call always sets it.
+  -- Whether the keys' expiry must be set again (see the invariants).
   local exp = tonumber(state[3])
   if ARGV[6] then
     -- A decision time given by a test is not the server's clock, which expiry runs on: the
