@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use tollgate::backend::{Backend, Hit, Outcome, Receipt, RedisBackend};
 use tollgate::window::{self, Algorithm, Cost, Counting};
 use tollgate_testkit::cases;
-use tollgate_testkit::hits::{ALGORITHMS, COUNTINGS, counted, fresh_key, hit};
+use tollgate_testkit::hits::{ALGORITHMS, COUNTINGS, counted, fresh_key, hit, one};
 use tollgate_testkit::target::{CALL_TIMEOUT, Target};
 
 cases! {
@@ -593,15 +593,6 @@ async fn the_log_sets_its_expiry_only_when_its_keys_would_expire_too_soon(t: &Ta
         lease_ms: 1000,
         ..plain.clone()
     };
-    let stored = stored_key(t, &key);
-    assert!(stored.is_none(), "{key} exists before its first hit");
-    let admit = |h: Hit| {
-        let backend = &backend;
-        async move {
-            let outcome = backend.acquire(&[h]).await.remove(0).expect("decided");
-            assert!(outcome.verdict.admitted);
-        }
-    };
     let holds = |e: Expiry, what: &str| {
         assert_eq!(
             e.log_at, e.hash_at,
@@ -614,7 +605,7 @@ async fn the_log_sets_its_expiry_only_when_its_keys_would_expire_too_soon(t: &Ta
     };
 
     // The first hit sets the expiry two margins past the entry's stay, and records it.
-    admit(plain.clone()).await;
+    assert!(one(&backend, &plain).await.verdict.admitted);
     let first = expiry_of(t, &key);
     holds(first, "first hit");
     assert_eq!(
@@ -639,7 +630,7 @@ async fn the_log_sets_its_expiry_only_when_its_keys_would_expire_too_soon(t: &Ta
         &log,
         &(window_ms + MARGIN_MS).to_string(),
     ]);
-    admit(leased).await;
+    assert!(one(&backend, &leased).await.verdict.admitted);
     let second = expiry_of(t, &key);
     holds(second, "a leased hit after an older version's expiry");
     let skipped = second.newest + window_ms + SLACK_MS + MARGIN_MS + MAX_AHEAD_MS <= first.exp;
@@ -651,7 +642,7 @@ async fn the_log_sets_its_expiry_only_when_its_keys_would_expire_too_soon(t: &Ta
 
     // A recorded time that has passed makes the next hit set the expiry again.
     server.cli(&["HSET", &hash, "exp", "1"]);
-    admit(plain).await;
+    assert!(one(&backend, &plain).await.verdict.admitted);
     let third = expiry_of(t, &key);
     holds(third, "after a recorded time that has passed");
     assert!(third.exp >= first.exp, "{third:?}");

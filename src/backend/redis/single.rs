@@ -201,12 +201,12 @@ impl RedisBackend {
         // round trip, each call deciding its limit on its own. One call running them all
         // (a batch script) was measured against this and cost Redis more per limit: its own Lua
         // for each hit outweighs the command it saves once calls arrive pipelined.
-        let mut replies = match calls.len() {
-            0 => Ok(Vec::new().into_iter()),
-            _ => self
-                .run(&calls, true, Operation::Acquire)
+        let mut replies = if calls.is_empty() {
+            Ok(Vec::new().into_iter())
+        } else {
+            self.run(&calls, true, Operation::Acquire)
                 .await
-                .map(Vec::into_iter),
+                .map(Vec::into_iter)
         };
         let mut calls = calls.into_iter();
         let mut refused = refused.into_iter().peekable();
