@@ -2,18 +2,16 @@
 //! spread over the lock stripes, from 1 and from 4 threads. The machine may have fewer cores
 //! than threads; the numbers are aggregate decisions per second across all threads.
 //!
-//! `cargo bench --bench memory_backend`
-
-mod support;
+//! `cargo bench --bench micro -- memory_backend`
 
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tollgate::backend::{Backend, Hit, MemoryBackend, Sharded};
 use tollgate::window::{Algorithm, Cost, Counting};
 
-use support::ready;
+use super::support::ready;
 
 const MANY_KEYS: usize = 10_000;
 
@@ -106,4 +104,3 @@ fn contention(c: &mut Criterion) {
 }
 
 criterion_group!(benches, contention);
-criterion_main!(benches);

@@ -816,19 +816,15 @@ fn docker_build_context_has_what_cargo_build_reads() {
 }
 
 /// The feature sets each crate is built with, as `cargo tree` resolves them for one selection of
-/// the workspace without dev-dependencies: crate and version → every distinct set it is compiled
+/// the workspace along `edges` (`normal,build`: without dev-dependencies): crate and version → every distinct set it is compiled
 /// with (a crate built for the host, as a build or proc-macro dependency, and for the target
 /// appears with both).
-fn resolved_features(args: &[&str]) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+fn resolved_features(
+    edges: &str,
+    args: &[&str],
+) -> std::collections::BTreeMap<String, BTreeSet<String>> {
     let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "tree",
-            "--offline",
-            "-e",
-            "normal,build",
-            "--prefix",
-            "none",
-        ])
+        .args(["tree", "--offline", "-e", edges, "--prefix", "none"])
         .args(["-f", "{p} {f}"])
         .args(args)
         .current_dir(manifest_dir())
@@ -863,19 +859,41 @@ fn resolved_features(args: &[&str]) -> std::collections::BTreeMap<String, BTreeS
 /// would compile the service again inside the docs test (minutes on a small machine).
 #[test]
 fn the_service_alone_and_the_workspace_binaries_share_one_build() {
-    let alone = resolved_features(&["-p", "tollgate"]);
-    let workspace = resolved_features(&["--workspace"]);
-    let differing: Vec<String> = alone
-        .iter()
-        .filter_map(|(krate, variants)| {
-            let wider = workspace.get(krate)?;
-            (wider != variants)
-                .then(|| format!("{krate}: {variants:?} alone, {wider:?} in the workspace"))
-        })
-        .collect();
+    let alone = resolved_features("normal,build", &["-p", "tollgate"]);
+    let workspace = resolved_features("normal,build", &["--workspace"]);
+    let differing = widened(&alone, &workspace);
     assert!(
         differing.is_empty(),
         "the workspace turns on features the service alone does not; add them to the service's \
          [dependencies] so one build serves both: {differing:#?}"
     );
+}
+
+/// scripts/test builds the workspace's binaries, then the test targets. If the dev-dependencies
+/// turned on a feature of a crate the binaries use, the test build would compile that crate and
+/// everything above it again (most of the tree: minutes of every CI run).
+#[test]
+fn the_test_build_reuses_the_binaries_dependencies() {
+    let binaries = resolved_features("normal,build", &["--workspace"]);
+    let tests = resolved_features("normal,build,dev", &["--workspace"]);
+    let differing = widened(&binaries, &tests);
+    assert!(
+        differing.is_empty(),
+        "the dev-dependencies turn on features the binaries do not; add them to the service's \
+         [dependencies] so the suite links the binaries' build: {differing:#?}"
+    );
+}
+
+/// The crates of `narrow` that `wide` builds with other feature sets, described.
+fn widened(
+    narrow: &std::collections::BTreeMap<String, BTreeSet<String>>,
+    wide: &std::collections::BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    narrow
+        .iter()
+        .filter_map(|(krate, variants)| {
+            let wider = wide.get(krate)?;
+            (wider != variants).then(|| format!("{krate}: {variants:?} and then {wider:?}"))
+        })
+        .collect()
 }

@@ -12,14 +12,12 @@
 //! benchmark's generator sends), under a limit no run reaches, so every hit is admitted and
 //! counted.
 //!
-//! `cargo bench --bench decision`
-
-mod support;
+//! `cargo bench --bench micro -- decision`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
 use tollgate::backend::{self, AnyBackend, MemoryBackend, memory};
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::config::Config;
@@ -28,7 +26,7 @@ use tollgate::proto::rate_limit_response::Code;
 use tollgate::proto::{RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor::Entry};
 use tollgate::server::{App, Health, rls::request_from_proto};
 
-use support::ready;
+use super::support::ready;
 
 const POLICY: &str = "domain: bench
 descriptors:
@@ -164,4 +162,3 @@ fn on_two_threads(
 }
 
 criterion_group!(benches, decision);
-criterion_main!(benches);

@@ -1,12 +1,12 @@
 //! Descriptor matching over a large generated config: how long `Domain::resolve` takes to find
 //! the limit for one request descriptor, and what building the limiter's key adds.
 //!
-//! `cargo bench --bench matching`
+//! `cargo bench --bench micro -- matching`
 
 use std::fmt::Write as _;
 use std::hint::black_box;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use tollgate::config::Config;
 use tollgate::descriptor::Entry;
 use tollgate::limiter::limiter_key;
@@ -156,4 +156,3 @@ fn load(c: &mut Criterion) {
 }
 
 criterion_group!(benches, resolve, load);
-criterion_main!(benches);

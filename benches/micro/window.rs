@@ -1,10 +1,10 @@
 //! The window math on its own: what one decision costs before any locking or I/O.
 //!
-//! `cargo bench --bench window`
+//! `cargo bench --bench micro -- window`
 
 use std::hint::black_box;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use tollgate::window::{self, Cost, Counting};
 
 const W: u64 = 60_000;
@@ -88,4 +88,3 @@ fn log(c: &mut Criterion) {
 }
 
 criterion_group!(benches, counter, log);
-criterion_main!(benches);
