@@ -23,7 +23,7 @@ use tollgate_testkit::cases;
 use tollgate_testkit::requests::{descriptor as d, with_addend};
 use tollgate_testkit::target::Target;
 
-use crate::support::{
+use super::support::{
     TestLimiter, ask, ask_one, assert_free, assert_one, codes, fresh, req, reset_s, retry_after,
     units_left,
 };

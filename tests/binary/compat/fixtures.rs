@@ -17,7 +17,7 @@ use tollgate::config::{Config, ConfigError, LoadOptions, MetaValue};
 use tollgate::descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 use tollgate::limiter::Limiter;
 
-use crate::support::{fixtures, reference_defaults};
+use super::support::{fixtures, reference_defaults};
 
 /// What config_test.go expects of a set of files.
 #[derive(Debug)]

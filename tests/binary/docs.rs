@@ -520,7 +520,7 @@ fn every_document_is_run() {
     let listed: BTreeSet<String> = DOCUMENTS.iter().map(|d| d.to_string()).collect();
     assert_eq!(
         found, listed,
-        "every document that shows commands needs a test in tests/docs.rs"
+        "every document that shows commands needs a test in tests/binary/docs.rs"
     );
 }
 

@@ -5,7 +5,7 @@
 //!
 //! Each case is an `async fn(&Target)`; the `cases!` list at the top of its group picks the
 //! targets it holds on and expands it into one `#[test]` per target, named `<case>::<target>`:
-//! `cargo test --test conformance rejected_requests_consume_nothing::redis_cluster` runs one test.
+//! `cargo test --test in_process rejected_requests_consume_nothing::redis_cluster` runs one test.
 //! (`redis` is also the start of `redis_cluster`; add `-- --exact` with the full path to run the
 //! single-server one alone.)
 //!

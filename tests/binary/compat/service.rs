@@ -14,7 +14,7 @@ use tollgate::proto::rate_limit_response::rate_limit::Unit::Minute;
 use tollgate_testkit::cases;
 use tollgate_testkit::target::Target;
 
-use crate::support::{
+use super::support::{
     Answer, Scenario, Step, addend, ask, desc, free, ok, over, pass, policy, reference_defaults,
     reject, repeat, rq, run, unlimited,
 };

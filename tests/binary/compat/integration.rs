@@ -16,7 +16,7 @@ use tollgate::window::Counting;
 use tollgate_testkit::cases;
 use tollgate_testkit::target::Target;
 
-use crate::support::{
+use super::support::{
     Scenario, Step, ask, desc, fixtures, free, ok, over, pass, policy, reference_defaults, reject,
     reload, repeat, rq, run,
 };

@@ -41,7 +41,7 @@ const OUTAGE_TIMEOUT: Duration = Duration::from_millis(50);
 /// The directory of the suite's fixtures.
 pub fn fixtures(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/compat/fixtures")
+        .join("tests/binary/compat/fixtures")
         .join(path)
 }
 

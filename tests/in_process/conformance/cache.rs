@@ -16,7 +16,7 @@ use tollgate_testkit::hits::{ALGORITHMS, counted, fresh_key, hit, one};
 use tollgate_testkit::requests::descriptor as d;
 use tollgate_testkit::target::Target;
 
-use crate::support::{ask, fresh, req};
+use super::support::{ask, fresh, req};
 
 cases! {
     refusals_are_answered_without_a_store_call: leased;

@@ -626,7 +626,7 @@ fn an_out_of_memory_redis_is_counted_as_oom() {
     assert_failures(&tollgate, "oom", 7);
 }
 
-/// A user who may not run the scripts is refused at start-up (tests/hardening/permissions.rs);
+/// A user who may not run the scripts is refused at start-up (tests/redis/hardening/permissions.rs);
 /// one who loses `EVALSHA` while tollgate runs (an ACL changed under it) fails every call.
 #[test]
 fn a_user_without_evalsha_is_counted_as_noperm() {

@@ -19,7 +19,7 @@ use tollgate::proto::{RateLimitDescriptor, RateLimitRequest};
 use tollgate_testkit::cases;
 use tollgate_testkit::target::Target;
 
-use crate::support::{
+use super::support::{
     Answer, Scenario, Step, addend, ask, desc, free, ok, over, pass, policy, reference_defaults,
     reject, repeat, rq, run,
 };

@@ -14,7 +14,7 @@ use tollgate_testkit::cases;
 use tollgate_testkit::requests::descriptor as d;
 use tollgate_testkit::target::Target;
 
-use crate::support::{TestLimiter, ask, ask_one, codes, req, reset_s, retry_after};
+use super::support::{TestLimiter, ask, ask_one, codes, req, reset_s, retry_after};
 
 cases! {
     exact_counter_retry_time: [memory, redis];
