@@ -126,3 +126,31 @@ extern "C" fn remove_registered() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// The variable that tells a test binary's child which test it runs alone.
+const ALONE: &str = "TOLLGATE_TEST_ALONE";
+
+/// For a test that reads what the whole process counts (a process-wide metric): other tests of
+/// its binary, running beside it, would add to the counts. Called first thing with the test's
+/// full name (`module::case::target`), it answers `true` in a child process that runs this one
+/// test alone, where the test goes on; in the test binary itself it runs that child, fails the
+/// test with the child's output if the child failed, and answers `false`: the test returns.
+pub fn alone(test: &str) -> bool {
+    if std::env::var_os(ALONE).is_some_and(|name| name == test) {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the path of the running test binary");
+    let output = Command::new(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(ALONE, test)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {test} in a process of its own: {err}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{test}, alone in a process of its own, failed ({}):\n{stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    false
+}

@@ -524,6 +524,27 @@ fn every_document_is_run() {
     );
 }
 
+/// The developers' notes under docs/dev/ tell what was measured and why; a command a user
+/// should type belongs on a user's page, where it runs.
+#[test]
+fn developer_notes_show_no_commands() {
+    let Ok(entries) = std::fs::read_dir(manifest_dir().join("docs/dev")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|ext| ext == "md") {
+            let steps = steps_of(&path);
+            assert!(
+                steps.is_empty(),
+                "{}: a command in the developers' notes never runs: {:?}",
+                path.display(),
+                steps.iter().map(|s| &s.place).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
 #[test]
 fn output_patterns_follow_the_trycmd_conventions() {
     let lines = |text: &str| text.lines().map(String::from).collect::<Vec<_>>();
