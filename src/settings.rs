@@ -32,6 +32,8 @@ use crate::limiter::{self, LimitHeaders};
 use crate::server::{GrpcAddr, ListenAddrs};
 use crate::window::{Algorithm, Counting};
 
+pub use crate::telemetry::{ExporterProtocol, TracingSettings};
+
 /// Which program the user started, and so which defaults apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -442,35 +444,6 @@ pub struct PrometheusSettings {
     pub addr: SocketAddr,
     /// `PROMETHEUS_PATH`.
     pub path: String,
-}
-
-/// Span export over OTLP (`TRACING_*`, `OTEL_EXPORTER_OTLP_ENDPOINT`), with the reference's
-/// defaults: off, service name `RateLimit`, OTLP/HTTP, every trace sampled.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TracingSettings {
-    /// `TRACING_ENABLED`.
-    pub enabled: bool,
-    /// `TRACING_SERVICE_NAME`.
-    pub service_name: String,
-    /// `TRACING_SERVICE_NAMESPACE`.
-    pub service_namespace: Option<String>,
-    /// `TRACING_SERVICE_INSTANCE_ID`.
-    pub service_instance_id: Option<String>,
-    /// `TRACING_EXPORTER_PROTOCOL`.
-    pub exporter_protocol: ExporterProtocol,
-    /// `TRACING_SAMPLING_RATE`.
-    pub sampling_rate: f64,
-    /// `OTEL_EXPORTER_OTLP_ENDPOINT`.
-    pub otlp_endpoint: Option<String>,
-}
-
-/// How spans are exported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExporterProtocol {
-    /// OTLP over HTTP.
-    Http,
-    /// OTLP over gRPC.
-    Grpc,
 }
 
 /// Everything `serve` needs to start.
