@@ -32,6 +32,7 @@ use crate::limiter::{self, LimitHeaders};
 use crate::server::{GrpcAddr, ListenAddrs};
 use crate::window::{Algorithm, Counting};
 
+pub use crate::backend::Store;
 pub use crate::telemetry::{ExporterProtocol, TracingSettings};
 
 /// Which program the user started, and so which defaults apply.
@@ -364,15 +365,6 @@ pub struct GrpcSettings {
     pub max_connection_age: Option<Duration>,
     /// `GRPC_MAX_CONNECTION_AGE_GRACE`: how long it may then finish its calls.
     pub max_connection_age_grace: Option<Duration>,
-}
-
-/// The store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Store {
-    /// In this process.
-    Memory,
-    /// A Redis deployment.
-    Redis(Box<Target>),
 }
 
 /// Where counters live and how they are reached.
