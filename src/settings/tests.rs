@@ -4,7 +4,11 @@
 
 use std::collections::HashMap;
 
+use super::env::{go_duration, go_int, listen_addr};
 use super::*;
+use crate::backend::memory;
+use crate::backend::redis::connect::Kind;
+use crate::config::{FileSource, RuntimeLayout};
 
 fn resolve(entry: Entry, flags: &Flags, vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
     let map: HashMap<String, String> = vars
