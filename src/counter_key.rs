@@ -8,8 +8,8 @@
 //!
 //! An identity reads `domain|key=value|key~pattern@c60000`. Everything but the request's values
 //! is fixed by the config, so the config escapes those pieces once when it is built
-//! ([`domain_part`], [`level_part`], [`suffix`]) and a decision only copies them around the
-//! escaped values ([`assemble`]). [`limiter_key`] writes the same pieces in the same order from
+//! (`domain_part`, `level_part`, `suffix`) and a decision only copies them around the
+//! escaped values (`assemble`). [`limiter_key`] writes the same pieces in the same order from
 //! scratch, for limits that are not in the config (a descriptor's own `limit`).
 
 use std::fmt::Write as _;

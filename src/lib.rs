@@ -95,7 +95,7 @@ mod allocator;
 pub mod backend;
 pub mod clock;
 pub mod config;
-mod counter_key;
+pub mod counter_key;
 pub mod descriptor;
 pub mod limiter;
 pub mod proto;

@@ -27,6 +27,36 @@ pub enum TelemetryError {
     AlreadySet,
 }
 
+/// Span export over OTLP (`TRACING_*`, `OTEL_EXPORTER_OTLP_ENDPOINT`), with the reference's
+/// defaults: off, service name `RateLimit`, OTLP/HTTP, every trace sampled.
+/// The settings read them; they are this module's because [`init`] is what uses them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// `TRACING_ENABLED`.
+    pub enabled: bool,
+    /// `TRACING_SERVICE_NAME`.
+    pub service_name: String,
+    /// `TRACING_SERVICE_NAMESPACE`.
+    pub service_namespace: Option<String>,
+    /// `TRACING_SERVICE_INSTANCE_ID`.
+    pub service_instance_id: Option<String>,
+    /// `TRACING_EXPORTER_PROTOCOL`.
+    pub exporter_protocol: ExporterProtocol,
+    /// `TRACING_SAMPLING_RATE`.
+    pub sampling_rate: f64,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub otlp_endpoint: Option<String>,
+}
+
+/// How spans are exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExporterProtocol {
+    /// OTLP over HTTP.
+    Http,
+    /// OTLP over gRPC.
+    Grpc,
+}
+
 /// Read access to the headers (gRPC metadata) of an incoming call, by lowercase name.
 pub trait Headers: Sync {
     /// The value of header `name` (lowercase), if present and text.
@@ -81,7 +111,6 @@ mod off {
     use std::future::Future;
 
     use super::*;
-    use crate::settings::TracingSettings;
 
     /// Span export while it runs; this build has none.
     #[derive(Debug)]

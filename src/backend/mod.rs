@@ -186,6 +186,16 @@ pub fn stack(
     )
 }
 
+/// Which store counters live in, as chosen at start-up: the settings resolve it, `main` builds
+/// the [`AnyBackend`] it names, and the runtime is scheduled for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    /// In this process.
+    Memory,
+    /// A Redis deployment.
+    Redis(Box<redis::connect::Target>),
+}
+
 /// The backend chosen at startup (`--backend`), dispatching to the concrete store.
 #[derive(Debug)]
 pub enum AnyBackend {

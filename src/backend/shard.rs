@@ -40,7 +40,7 @@ pub trait ShardKeys {
 
 /// The plain shard identity `<key>{<shard>}`, for backends where placement does not matter.
 ///
-/// Limiter identities never contain a raw `{` or `}` ([`crate::limiter::limiter_key`] escapes
+/// Limiter identities never contain a raw `{` or `}` ([`crate::counter_key::limiter_key`] escapes
 /// them), so the braces mark where the identity ends: a shard key never equals an unsharded
 /// identity, and two shard keys are equal only for the same identity and shard. The shard count is left out on purpose:
 /// changing `shards` keeps the counts of the shards that remain.
@@ -391,8 +391,8 @@ pub(crate) mod tests {
 
     #[test]
     fn shard_keys_never_meet_identities_or_each_other() {
+        use crate::counter_key::limiter_key;
         use crate::descriptor::Entry;
-        use crate::limiter::limiter_key;
 
         // Values chosen to look like shard suffixes once joined.
         let values = ["v", "v{1}", "v}", "{", "1}", "v@c1000{1}", "%7B", ""];

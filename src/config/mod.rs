@@ -227,7 +227,7 @@ pub struct Matched<'a> {
     /// The matched node's `metadata`, if any.
     pub metadata: Option<&'a MetaValue>,
     /// The identity of the counter this match charges (what
-    /// [`limiter_key`](crate::limiter::limiter_key) builds for it); empty for an unlimited limit,
+    /// [`limiter_key`](crate::counter_key::limiter_key) builds for it); empty for an unlimited limit,
     /// which is never charged.
     pub counter_key: String,
     /// The key envoyproxy/ratelimit counts this match's statistics under, when it is built from

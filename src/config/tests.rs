@@ -1,8 +1,8 @@
 //! Matching and loading rules, checked on in-memory configs.
 
 use super::*;
+use crate::counter_key::limiter_key;
 use crate::descriptor::Entry;
-use crate::limiter::limiter_key;
 
 const MATCHING: &str = r#"
 domain: test

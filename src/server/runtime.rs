@@ -19,7 +19,7 @@ use std::num::NonZeroUsize;
 
 use tokio::runtime::{Builder, Runtime};
 
-use crate::settings::Store;
+use crate::backend::Store;
 
 /// Where a task woken by the running task is scheduled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +68,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::settings::{Entry, Flags, Settings};
+    use crate::backend::redis::connect::{Kind, Target};
 
     /// The order in which two tasks, spawned one after the other by a task on the only worker,
     /// first run.
@@ -96,13 +96,12 @@ mod tests {
     #[test]
     fn only_a_redis_store_queues_wakeups() {
         assert_eq!(Wakeups::for_store(&Store::Memory), Wakeups::RunFirst);
-        // The reference's defaults: one Redis server.
-        let redis = Settings::resolve(Entry::Reference, &Flags::default(), &|name| {
-            (name == "REDIS_URL").then(|| "127.0.0.1:6379".to_owned())
-        })
-        .expect("the reference's defaults");
-        assert!(matches!(redis.backend.store, Store::Redis(_)));
-        assert_eq!(Wakeups::for_store(&redis.backend.store), Wakeups::Queue);
+        // One Redis server, the reference's default store (settings' tests check that choice).
+        let redis = Target::parse(Kind::Single, "127.0.0.1:6379", None).expect("a Redis target");
+        assert_eq!(
+            Wakeups::for_store(&Store::Redis(Box::new(redis))),
+            Wakeups::Queue
+        );
     }
 
     /// Queued wakeups run in the order they were queued; run first, the second takes the slot

@@ -1,6 +1,14 @@
+//! Tests of the settings: the flags, the `TOLLGATE_*` variables and the reference's, their order of
+//! precedence, each entry's defaults, Go's syntax, and the message a malformed value stops
+//! start-up with.
+
 use std::collections::HashMap;
 
+use super::env::{go_duration, go_int, listen_addr};
 use super::*;
+use crate::backend::memory;
+use crate::backend::redis::connect::Kind;
+use crate::config::{FileSource, RuntimeLayout};
 
 fn resolve(entry: Entry, flags: &Flags, vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
     let map: HashMap<String, String> = vars
@@ -173,6 +181,19 @@ fn sizes_read_binary_and_decimal_units_and_refuse_a_budget_below_the_least() {
     assert!(parse_bytes("12 parsecs").unwrap_err().contains("unit"));
     assert!(parse_bytes("MiB").unwrap_err().contains("not a size"));
     assert!(parse_bytes("99999999999999999999GiB").is_err());
+}
+
+/// The reference's default store is one Redis server, and the runtime is scheduled for it (the
+/// other half of `server::runtime`'s test, which starts from a store).
+#[test]
+fn the_references_default_store_queues_wakeups() {
+    use crate::server::runtime::Wakeups;
+    let redis = Settings::resolve(Entry::Reference, &Flags::default(), &|name| {
+        (name == "REDIS_URL").then(|| "127.0.0.1:6379".to_owned())
+    })
+    .expect("the reference's defaults");
+    assert!(matches!(redis.backend.store, Store::Redis(_)));
+    assert_eq!(Wakeups::for_store(&redis.backend.store), Wakeups::Queue);
 }
 
 #[test]

@@ -17,8 +17,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 
-use super::{CallOutcome, Headers, TelemetryError, b3};
-use crate::settings::{ExporterProtocol, TracingSettings};
+use super::{CallOutcome, ExporterProtocol, Headers, TelemetryError, TracingSettings, b3};
 
 /// The gRPC method a request span stands for, named as gRPC instrumentation names server spans.
 const METHOD: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
