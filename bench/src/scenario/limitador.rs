@@ -577,7 +577,8 @@ fn write_ratios<R>(
             &rate,
         );
         if !ratios.is_empty() {
-            each.push(format!("{}, {}", other.label(), times_by_run(&ratios)));
+            let storage = other.label().trim_start_matches("limitador, ");
+            each.push(format!("{storage}, {}", times_by_run(&ratios)));
         }
     }
     if !each.is_empty() {
