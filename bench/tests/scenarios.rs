@@ -41,7 +41,8 @@ fn assert_success(output: &Output) {
 
 /// One scenario run at smoke scale into a directory of its own.
 struct Smoke {
-    /// Holds the results and the report until the test ends.
+    /// Holds the results and the report until the test ends: bind it (`dir: _dir`), since a
+    /// field left to `..` is dropped, and the directory with it, at once.
     dir: tempfile::TempDir,
     /// Where the JSON lines went.
     results: PathBuf,
@@ -69,8 +70,11 @@ fn smoke(name: &str) -> Smoke {
     assert_success(&output);
     let doc = std::fs::read_to_string(&out).unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    // The scenario's section is there and not empty, unless the scenario was skipped.
+    let empty = format!("{}\n{}", marker(name, "begin"), marker(name, "end"));
     assert!(
-        doc.contains("A smoke run (`--quick`)") || stderr.contains("skipping"),
+        doc.contains(&marker(name, "begin")) && !doc.contains(&empty)
+            || stderr.contains(&format!("skipping {name}")),
         "{doc}"
     );
     if results.join(format!("{name}.jsonl")).exists() {
@@ -246,7 +250,12 @@ fn assert_the_report_keeps_the_hand_written_text(smoke: &Smoke) {
 
 #[test]
 fn matrix() {
-    let Smoke { results, doc, .. } = smoke("matrix");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("matrix");
     // Every backend × algorithm ran, peak and half, and decided.
     let matrix = records(&results, "matrix");
     let runs = of_kind(&matrix, "tollgate");
@@ -292,7 +301,12 @@ fn matrix() {
 
 #[test]
 fn hotkey() {
-    let Smoke { results, doc, .. } = smoke("hotkey");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("hotkey");
     // hotkey: unsharded, one master serves every script call; sharded, they spread.
     let hotkey = records(&results, "hotkey");
     let hot = of_kind(&hotkey, "run");
@@ -326,7 +340,12 @@ fn hotkey() {
 
 #[test]
 fn attack() {
-    let Smoke { results, doc, .. } = smoke("attack");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("attack");
     // attack: refusals on every backend, with the local cache on and off; script calls counted
     // on the Redis ones, every refusal one call without the cache, fewer with it.
     let attack = records(&results, "attack");
@@ -362,7 +381,12 @@ fn attack() {
 
 #[test]
 fn overload() {
-    let Smoke { results, doc, .. } = smoke("overload");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("overload");
     // overload: every bound measured; refusals only where there is a bound.
     let overload = records(&results, "overload");
     let overloads = of_kind(&overload, "run");
@@ -379,7 +403,12 @@ fn overload() {
 
 #[test]
 fn memory() {
-    let Smoke { results, doc, .. } = smoke("memory");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("memory");
     // memory: both algorithms, the budget held, idle readings after the flood.
     let memory = records(&results, "memory");
     for run in of_kind(&memory, "run") {
@@ -397,7 +426,12 @@ fn memory() {
 
 #[test]
 fn accuracy() {
-    let Smoke { results, doc, .. } = smoke("accuracy");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("accuracy");
     // accuracy: the log never admits more than the limit in any window, whatever the traffic;
     // the counter's boundary burst goes well past it; a log key grows with its hits.
     let accuracy = records(&results, "accuracy");
@@ -430,7 +464,12 @@ fn accuracy() {
 
 #[test]
 fn redis_cpu() {
-    let Smoke { results, doc, .. } = smoke("redis-cpu");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("redis-cpu");
     // redis-cpu: both floors, and script time for every point.
     let redis_cpu = records(&results, "redis-cpu");
     let floors = of_kind(&redis_cpu, "floor");
@@ -465,7 +504,12 @@ fn redis_cpu() {
 fn cost() {
     let smoke = smoke("cost");
     assert_the_report_keeps_the_hand_written_text(&smoke);
-    let Smoke { results, doc, .. } = smoke;
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke;
     // cost: both tollgates decided, and the ratio of their throughputs is written.
     let cost = records(&results, "cost");
     let cost_runs = of_kind(&cost, "run");
@@ -494,7 +538,12 @@ fn cost() {
 
 #[test]
 fn lease() {
-    let Smoke { results, doc, .. } = smoke("lease");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("lease");
     // lease: three instances share the hot limit; on every store backend, leased and not, for
     // both algorithms. Unleased, every admitted hit is a script call; leased, fewer calls than
     // decisions. Under overload the log never admits more than its limit allows over the run
@@ -551,7 +600,12 @@ fn lease() {
 
 #[test]
 fn grpc_floor() {
-    let Smoke { results, doc, .. } = smoke("grpc-floor");
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("grpc-floor");
     // grpc-floor: tollgate and the stock tonic server both answered closed loop, and the
     // ratio of their rates is written.
     let floor = records(&results, "grpc-floor");
