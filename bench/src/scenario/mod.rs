@@ -50,7 +50,7 @@ use crate::stand::Servers;
 /// The scenarios, by the name the command line, the records and the report use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum ScenarioName {
-    /// Backend × algorithm × shards × concurrency, beside the redis-benchmark ceiling.
+    /// Backend × algorithm × shards × concurrency: the peak and CPU per decision.
     Matrix,
     /// One hot limit on the cluster, unsharded and sharded.
     Hotkey,
