@@ -353,7 +353,7 @@ time for connect:       55us        80us        68us        17us   100.00%
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let addr = listener.local_addr().unwrap();
-        runtime.spawn(crate::empty::serve(listener, false));
+        runtime.spawn(crate::empty::serve(listener));
         let h2load = H2Load::new(H2Load::one_descriptor("bench", "user", "0")).unwrap();
         let options = H2LoadOptions {
             connections: 2,

@@ -1,15 +1,12 @@
 //! `tollgate-bench`: tollgate's one benchmark tool.
 //!
-//! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`matrix`,
-//! `hotkey`, `attack`, `overload`, `memory`, `accuracy`, `redis-cpu`, `cost`, `lease`,
-//! `grpc-floor`, `limitador`, `connections`, `redis-bound`, `workers`, `profile`) start what
-//! they need (tollgate as a process, Redis and a Redis Cluster through the testkit,
-//! redis-benchmark for the ceilings, an empty RLS server, a limitador-server the operator
-//! built, perf), measure, keep
-//! every run as a JSON line in `target/bench/`, and print their report section; `report` runs several of
-//! them and writes `docs/performance.md`. See `tollgate-bench --help`.
+//! `load` is a load generator for any Envoy RLS v3 gRPC server. The scenarios (`tollgate-bench
+//! list` names them) start what they need (tollgate as a process, Redis and a Redis Cluster
+//! through the testkit, redis-benchmark for the floors, a stock tonic RLS server, a
+//! limitador-server the operator built, valgrind), measure, keep every run as a JSON line in
+//! `target/bench/`, and print their report section; `report` runs several of them and writes
+//! `docs/performance.md`. See `tollgate-bench --help`.
 
-mod ceiling;
 mod doc;
 mod empty;
 mod h2load;
@@ -28,7 +25,6 @@ use crate::load::args::LoadArgs;
 use crate::report::ReportArgs;
 use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
-use crate::scenario::connections::{Connections, ConnectionsOptions};
 use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::grpc_floor::{GrpcFloor, GrpcFloorOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
@@ -38,11 +34,8 @@ use crate::scenario::limitador::{Limitador, LimitadorOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
 use crate::scenario::memory::{Memory, MemoryOptions};
 use crate::scenario::overload::{Overload, OverloadOptions};
-use crate::scenario::profile::{Profile, ProfileOptions};
-use crate::scenario::redis_bound::{RedisBound, RedisBoundOptions};
 use crate::scenario::redis_cpu::{RedisCpu, RedisCpuOptions};
-use crate::scenario::workers::{WorkersOptions, WorkersScenario};
-use crate::scenario::{Bench, ScaleArgs, Scenario};
+use crate::scenario::{Bench, ScaleArgs, Scenario, ScenarioName};
 
 /// tollgate's benchmarks: a load generator for any RLS v3 server, and scenarios that start
 /// tollgate and Redis themselves and report how fast it decides.
@@ -66,8 +59,8 @@ enum Command {
     /// returns (closed loop). Latency covers answered calls; failed calls are counted by code.
     Load(LoadArgs),
 
-    /// Backend × algorithm × shards × concurrency: the closed-loop peak and the latency at half
-    /// of it, beside the redis-benchmark ceiling of the same script.
+    /// Backend × algorithm × shards × concurrency: the closed-loop peak, CPU per decision of
+    /// tollgate and Redis, and the latency at half the peak.
     Matrix {
         #[command(flatten)]
         scale: ScaleArgs,
@@ -147,7 +140,7 @@ enum Command {
         options: LeaseOptions,
     },
 
-    /// tollgate on the memory backend against an empty RLS server (the same gRPC service
+    /// tollgate on the memory backend against the empty RLS server (a stock tonic server
     /// answering OK without deciding), interleaved runs: the throughput ratio, CPU per decision,
     /// and the latency at half of tollgate's peak.
     GrpcFloor {
@@ -168,51 +161,10 @@ enum Command {
         options: LimitadorOptions,
     },
 
-    /// How many connections tollgate should keep to one Redis server: one tollgate per pool
-    /// size (`REDIS_POOL_SIZE`) on the same server, interleaved runs, with one and with several
-    /// descriptors a request; throughput, latency and CPU per decision of tollgate and Redis.
-    Connections {
-        #[command(flatten)]
-        scale: ScaleArgs,
-        #[command(flatten)]
-        options: ConnectionsOptions,
-    },
-
-    /// tollgate against redis-benchmark's EVALSHA of the same script when Redis, held to a
-    /// share of one CPU, is what runs out: calls per second and Redis CPU per call of each.
-    RedisBound {
-        #[command(flatten)]
-        scale: ScaleArgs,
-        #[command(flatten)]
-        options: RedisBoundOptions,
-    },
-
-    /// How tollgate's workers should be laid out when its decisions go to Redis: a worker per
-    /// CPU (the default), one worker, and a process per CPU with one worker each, on the same
-    /// server, interleaved runs, closed loop and at a steady rate; throughput, latency, CPU per
-    /// decision of tollgate and Redis, and context switches per decision.
-    Workers {
-        #[command(flatten)]
-        scale: ScaleArgs,
-        #[command(flatten)]
-        options: WorkersOptions,
-    },
-
-    /// Where a decision's CPU goes: tollgate on the memory backend, tollgate on one Redis and
-    /// the empty RLS server under the same closed loop, each sampled by `perf record` while it is
-    /// measured; CPU per decision split into the handler, the Redis client, the kernel, the
-    /// allocator, the gRPC stack and tokio, and a flame graph of each (needs perf).
-    Profile {
-        #[command(flatten)]
-        scale: ScaleArgs,
-        #[command(flatten)]
-        options: ProfileOptions,
-    },
-
     /// Instructions per call, counted by callgrind: the empty RLS server, tollgate on the memory
     /// backend (by default, without the local cache, without per-limit statistics) and tollgate
-    /// on one Redis, each under valgrind, sent the same calls by h2load; and redis-server per
-    /// script call, sent by redis-benchmark (needs valgrind, h2load and redis-benchmark).
+    /// on one Redis, each under valgrind, sent the same calls by h2load (needs valgrind and
+    /// h2load).
     Instructions {
         #[command(flatten)]
         scale: ScaleArgs,
@@ -220,12 +172,15 @@ enum Command {
         options: InstructionsOptions,
     },
 
-    /// Serve an empty RLS v3 server (every descriptor OK, nothing decided) until killed; prints
-    /// `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
+    /// Serve the empty RLS v3 server, a stock tonic server (every descriptor OK, nothing
+    /// decided), until killed; prints `listening on ADDR` once bound. The `grpc-floor` scenario starts it.
     EmptyServer(empty::EmptyServerArgs),
 
     /// Run scenarios and write their results into docs/performance.md.
     Report(ReportArgs),
+
+    /// Print the name of every scenario `report` runs, one a line, in report order.
+    List,
 }
 
 fn main() -> ExitCode {
@@ -253,13 +208,15 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Lease { scale, options } => run_one(&scale, &Lease::new(options)),
         Command::GrpcFloor { scale, options } => run_one(&scale, &GrpcFloor::new(options)),
         Command::Limitador { scale, options } => run_one(&scale, &Limitador::new(options)),
-        Command::Connections { scale, options } => run_one(&scale, &Connections::new(options)),
-        Command::RedisBound { scale, options } => run_one(&scale, &RedisBound::new(options)),
-        Command::Workers { scale, options } => run_one(&scale, &WorkersScenario::new(options)),
-        Command::Profile { scale, options } => run_one(&scale, &Profile::new(options)),
         Command::Instructions { scale, options } => run_one(&scale, &Instructions::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),
+        Command::List => {
+            for name in ScenarioName::ALL {
+                println!("{}", name.name());
+            }
+            Ok(())
+        }
     }
 }
 
@@ -272,6 +229,5 @@ fn run_one(scale: &ScaleArgs, scenario: &dyn Scenario) -> anyhow::Result<()> {
     let mut bench = Bench::new(scale.scale(), &dir)?;
     let records = bench.run(scenario)?;
     print!("{}", scenario.render(&records)?);
-    report::write_figures(scenario, &dir, &dir)?;
     Ok(())
 }

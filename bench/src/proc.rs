@@ -42,35 +42,6 @@ pub fn own_cpu_seconds() -> anyhow::Result<f64> {
     Ok(seconds(usage.ru_utime) + seconds(usage.ru_stime))
 }
 
-/// Context switches, voluntary and not, of every living thread of process `pid` so far: each
-/// time a thread gave up its CPU (parked, waited) or was made to.
-pub fn context_switches(pid: u32) -> anyhow::Result<u64> {
-    let tasks = format!("/proc/{pid}/task");
-    let mut total = 0;
-    for entry in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
-        let path = entry?.path().join("status");
-        // A thread that ended since the directory was read counts no more.
-        let Ok(status) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        total += parse_context_switches(&status)
-            .with_context(|| format!("parsing {}", path.display()))?;
-    }
-    Ok(total)
-}
-
-/// The voluntary and involuntary context switches a `/proc/<pid>/task/<tid>/status` counts.
-fn parse_context_switches(status: &str) -> anyhow::Result<u64> {
-    let field = |name: &str| -> anyhow::Result<u64> {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|value| value.trim().parse().ok())
-            .ok_or_else(|| anyhow!("no {name}"))
-    };
-    Ok(field("voluntary_ctxt_switches:")? + field("nonvoluntary_ctxt_switches:")?)
-}
-
 /// The resident set size of process `pid` (`VmRSS`), in bytes.
 pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");
@@ -143,10 +114,6 @@ pub enum Layout {
     /// sending more than a server answers competes with it for the same CPU, and its own
     /// backlog then shows as latency of the server's answers.
     GeneratorApart,
-    /// Redis on the last CPU, the servers and the generator on the others. A Redis held to a
-    /// share of a CPU then gets that share whenever it may run, instead of waiting for a core
-    /// while its clients work through the replies it just sent.
-    RedisApart,
 }
 
 /// The CPUs each party runs on under a [`Layout`], by index.
@@ -173,11 +140,6 @@ impl Layout {
                 redis: 0..1,
                 generator: 1..cpus,
             },
-            Layout::RedisApart => Split {
-                servers: 0..cpus - 1,
-                redis: cpus - 1..cpus,
-                generator: 0..cpus - 1,
-            },
         })
     }
 
@@ -186,19 +148,6 @@ impl Layout {
     /// back.
     pub fn start_servers<T>(self, start: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
         born_on(self.split(online_cpus()).map(|split| split.servers), start)
-    }
-
-    /// Runs `start` with this process held to the generator's CPUs, so that the threads it
-    /// makes (a load generator's runtime) are sized to them; then gives this process every CPU
-    /// back.
-    pub fn start_generator<T>(
-        self,
-        start: impl FnOnce() -> anyhow::Result<T>,
-    ) -> anyhow::Result<T> {
-        born_on(
-            self.split(online_cpus()).map(|split| split.generator),
-            start,
-        )
     }
 
     /// Moves `servers`, `redis` and this process onto their CPUs until the guard is dropped.
@@ -388,33 +337,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn context_switches_are_voluntary_plus_involuntary() {
-        let status = "Name:\ttokio-rt-worker\nvoluntary_ctxt_switches:\t120\n\
-                      nonvoluntary_ctxt_switches:\t7\n";
-        assert_eq!(parse_context_switches(status).unwrap(), 127);
-        let error = parse_context_switches("Name:\tx\nvoluntary_ctxt_switches:\t1\n").unwrap_err();
-        assert_eq!(error.to_string(), "no nonvoluntary_ctxt_switches:");
-        assert!(context_switches(std::process::id()).unwrap() > 0);
-    }
-
-    #[test]
     fn a_layout_gives_each_party_its_cpus_and_splits_nothing_on_one_cpu() {
         assert_eq!(Layout::GeneratorApart.split(1), None);
-        assert_eq!(Layout::RedisApart.split(1), None);
         assert_eq!(
             Layout::GeneratorApart.split(4),
             Some(Split {
                 servers: 0..1,
                 redis: 0..1,
                 generator: 1..4,
-            })
-        );
-        assert_eq!(
-            Layout::RedisApart.split(2),
-            Some(Split {
-                servers: 0..1,
-                redis: 1..2,
-                generator: 0..1,
             })
         );
     }

@@ -9,11 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::doc::{begin_marker, end_marker, load, splice};
+use crate::doc::{begin_marker, end_marker, splice};
 use crate::machine::Conditions;
-use crate::scenario::{
-    Bench, ScaleArgs, Scenario, ScenarioName, conditions_of, read_records, scenario,
-};
+use crate::scenario::{Bench, ScaleArgs, ScenarioName, conditions_of, read_records, scenario};
 
 /// The flags of `report`.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,9 +24,9 @@ pub struct ReportArgs {
     #[command(flatten)]
     pub scale: ScaleArgs,
 
-    /// The report to write; its hand-written parts are kept [default: docs/performance.md, or
-    /// with --quick performance.md in the results directory: smoke numbers do not belong in the
-    /// docs].
+    /// The report to write, every section in it; its hand-written parts are kept [default:
+    /// docs/performance.md, and the accuracy section in docs/algorithms.md beside it, or with
+    /// --quick the same pages in the results directory: smoke numbers do not belong in the docs].
     #[arg(long)]
     pub out: Option<PathBuf>,
 
@@ -38,7 +36,7 @@ pub struct ReportArgs {
 }
 
 impl ReportArgs {
-    /// Where the report goes.
+    /// Where the report goes: the page of every section but those of other pages.
     pub fn out(&self) -> PathBuf {
         match &self.out {
             Some(out) => out.clone(),
@@ -46,14 +44,26 @@ impl ReportArgs {
             None => tollgate_testkit::tools::manifest_dir().join("docs/performance.md"),
         }
     }
+
+    /// The page scenario `name`'s section goes on: `--out` when given, else its own page
+    /// beside [`ReportArgs::out`].
+    pub fn page(&self, name: ScenarioName) -> PathBuf {
+        match &self.out {
+            Some(out) => out.clone(),
+            None => self.out().with_file_name(name.page()),
+        }
+    }
 }
+
+/// Scenarios' sections with the records they are rendered from.
+type Sections = Vec<(ScenarioName, Vec<Value>)>;
 
 /// The name of the generated section describing the machine.
 const MACHINE: &str = "machine";
 
 /// Runs `report`.
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
-    let mut results: Vec<(ScenarioName, Vec<Value>)> = Vec::new();
+    let mut results: Sections = Vec::new();
     if args.render_only {
         for &name in &args.scenarios {
             let dir = args.scale.results_dir();
@@ -84,31 +94,19 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let whole = ScenarioName::ALL
         .iter()
         .all(|name| args.scenarios.contains(name));
-    write(&out, &results, whole)?;
-    crate::scenario::say(&format!("wrote {}", out.display()));
-    let beside = out.parent().unwrap_or(Path::new("."));
-    for (name, _) in &results {
-        write_figures(scenario(*name).as_ref(), &args.scale.results_dir(), beside)?;
+    let mut pages: Vec<(PathBuf, Sections)> = vec![(out.clone(), vec![])];
+    for (name, records) in results {
+        let page = args.page(name);
+        match pages.iter_mut().find(|(path, _)| *path == page) {
+            Some((_, sections)) => sections.push((name, records)),
+            None => pages.push((page, vec![(name, records)])),
+        }
     }
-    Ok(())
-}
-
-/// Writes the figures `scenario` draws from what it left in `results_dir` into `flamegraphs/`
-/// under `beside` (the report's directory), and says where each went.
-pub fn write_figures(
-    scenario: &dyn Scenario,
-    results_dir: &Path,
-    beside: &Path,
-) -> anyhow::Result<()> {
-    let figures = scenario.figures(results_dir)?;
-    if figures.is_empty() {
-        return Ok(());
-    }
-    let dir = beside.join("flamegraphs");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (name, text) in figures {
-        let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    for (path, sections) in &pages {
+        if *path != out && sections.is_empty() {
+            continue;
+        }
+        write(path, sections, whole, *path == out)?;
         crate::scenario::say(&format!("wrote {}", path.display()));
     }
     Ok(())
@@ -122,23 +120,26 @@ fn skipping(name: ScenarioName, reason: &str) {
     ));
 }
 
-/// Writes the sections of `results` into the document at `path`, creating it when missing; the
-/// machine section too when `whole` (every scenario was asked for) or when it has none yet.
+/// Writes the sections of `results` into the document at `path`, creating it when missing; on
+/// the `main` page the machine section too, when `whole` (every scenario was asked for) or when
+/// it has none yet.
 pub fn write(
     path: &Path,
     results: &[(ScenarioName, Vec<Value>)],
     whole: bool,
+    main: bool,
 ) -> anyhow::Result<()> {
     let mut doc = match std::fs::read_to_string(path) {
         Ok(doc) => doc,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => skeleton(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && main => skeleton(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
     };
     let conditions: Vec<Conditions> = results
         .iter()
         .map(|(_, records)| conditions_of(records))
         .collect::<anyhow::Result<_>>()?;
-    if !conditions.is_empty() && (whole || !has_machine(&doc)) {
+    if main && !conditions.is_empty() && (whole || !has_machine(&doc)) {
         doc = splice(&doc, MACHINE, &machine_section(&conditions));
     }
     for (name, records) in results {
@@ -162,25 +163,23 @@ fn has_machine(doc: &str) -> bool {
 /// A new report: a title and the generated sections in order.
 fn skeleton() -> String {
     let mut doc = String::from("# Performance\n\nWritten by `tollgate-bench report`.\n");
-    for name in std::iter::once(MACHINE).chain(ScenarioName::ALL.iter().map(|s| s.name())) {
+    let own = ScenarioName::ALL
+        .iter()
+        .filter(|s| s.page() == "performance.md")
+        .map(|s| s.name());
+    for name in std::iter::once(MACHINE).chain(own) {
         doc.push_str(&format!("\n{}\n{}\n", begin_marker(name), end_marker(name)));
     }
     doc
 }
 
-/// The machine the scenarios of this report ran on, and how busy it was.
+/// The machine the scenarios of this report ran on, the commit and the date, in one line.
 fn machine_section(conditions: &[Conditions]) -> String {
     let first = &conditions[0];
     let machine = &first.machine;
-    let last = &conditions[conditions.len() - 1];
     format!(
-        "- {}, {} GiB, Linux {}; {}; {}; tollgate `{}` ({} build).\n\
-         - **{} cores shared by everything.** The load generator (in `tollgate-bench`), tollgate \
-         and every Redis process (one server, or the six nodes of the cluster) run on the same \
-         cores, so every number includes the cost of generating the load, and other jobs on the \
-         machine run at the same time (load average {} when the first scenario started, {} when \
-         the last ended). Absolute numbers are rough; ratios of numbers measured in the same run \
-         are what to compare.\n",
+        "{}, {} GiB, Linux {}; {}; {}; tollgate `{}` ({} build), {}; the load generator, \
+         tollgate and every Redis process share these {} cores.\n",
         machine.cpus_text(),
         machine.memory_gib,
         machine.kernel,
@@ -192,9 +191,8 @@ fn machine_section(conditions: &[Conditions]) -> String {
         machine.rustc,
         machine.commit,
         machine.profile,
+        first.started.get(..10).unwrap_or(&first.started),
         machine.cpus,
-        load(first.load_start),
-        load(last.load_end),
     )
 }
 

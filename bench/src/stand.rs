@@ -18,7 +18,7 @@ use tollgate_testkit::tollgate::Tollgate;
 
 use crate::proc::{Layout, Pinned};
 
-/// The key prefix tollgate is started with, and that the `redis-benchmark` ceilings write under.
+/// The key prefix tollgate is started with.
 pub const KEY_PREFIX: &str = "tollgate:";
 
 /// Where tollgate keeps its counters.

@@ -1,14 +1,20 @@
-//! Runs every scenario at the smallest scale (`tollgate-bench report --quick`: one run of 200 ms
-//! per point) against real servers — the tollgate binary, a redis-server, a Redis Cluster of
-//! three masters and three replicas, redis-benchmark — and checks that the results and the
-//! report are well formed and their numbers sane. Nothing here asserts on timing: a slow machine
-//! gives small numbers, never a failure.
+//! Runs every scenario once at the smallest scale (`tollgate-bench report --quick --scenarios
+//! NAME`: one run of 200 ms per point), one `#[test]` per scenario so that the first failure does
+//! not hide the rest, against real servers (the tollgate binary, a redis-server, a Redis
+//! Cluster of three masters and three replicas, redis-benchmark, h2load, valgrind), and checks
+//! that each one's results and report section are well formed and their numbers sane. Each test
+//! keeps its results in a directory of its own, so tests running in parallel share nothing.
+//! Nothing here asserts on timing: a slow machine gives small numbers, never a failure.
+//!
+//! This is where the scenarios `scripts/bench` runs are tested: the documentation shows that
+//! command but does not run it (tests/docs.rs), and `every_scenario_has_its_own_test` keeps the
+//! list here equal to `tollgate-bench list`.
 //!
 //! The scenarios run the `tollgate` binary cargo built beside this test (`cargo test
 //! --workspace` builds it; with `-p tollgate-bench` alone, build it first with `cargo build
 //! --bin tollgate`, or set `$TOLLGATE_BIN`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -18,6 +24,7 @@ fn bench(args: &[&str]) -> Output {
         .args(args)
         // limitador-server is built by hand from its repository; these runs never have one.
         .env_remove("LIMITADOR_SERVER")
+        .env_remove("TOLLGATE_BENCH_QUICK")
         .output()
         .expect("run tollgate-bench")
 }
@@ -30,6 +37,57 @@ fn assert_success(output: &Output) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// One scenario run at smoke scale into a directory of its own.
+struct Smoke {
+    /// Holds the results and the report until the test ends: bind it (`dir: _dir`), since a
+    /// field left to `..` is dropped, and the directory with it, at once.
+    dir: tempfile::TempDir,
+    /// Where the JSON lines went.
+    results: PathBuf,
+    /// The report `report` wrote: the machine section and the scenario's.
+    doc: String,
+    /// What `report` said on standard error (which scenarios it skipped, and why).
+    stderr: String,
+}
+
+/// Runs scenario `name` once (`report --quick --scenarios NAME`), checks that the report is a
+/// function of the results alone (rendered again from them, it is the same text), and answers
+/// what the run left.
+fn smoke(name: &str) -> Smoke {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let out = dir.path().join("performance.md");
+    let report = |extra: &[&str], out: &Path| {
+        let mut args = vec!["report", "--quick", "--scenarios", name, "--results-dir"];
+        args.push(results.to_str().unwrap());
+        args.extend(["--out", out.to_str().unwrap()]);
+        args.extend(extra);
+        bench(&args)
+    };
+    let output = report(&[], &out);
+    assert_success(&output);
+    let doc = std::fs::read_to_string(&out).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    // The scenario's section is there and not empty, unless the scenario was skipped.
+    let empty = format!("{}\n{}", marker(name, "begin"), marker(name, "end"));
+    assert!(
+        doc.contains(&marker(name, "begin")) && !doc.contains(&empty)
+            || stderr.contains(&format!("skipping {name}")),
+        "{doc}"
+    );
+    if results.join(format!("{name}.jsonl")).exists() {
+        let again = dir.path().join("again.md");
+        assert_success(&report(&["--render-only"], &again));
+        assert_eq!(std::fs::read_to_string(&again).unwrap(), doc, "{name}");
+    }
+    Smoke {
+        dir,
+        results,
+        doc,
+        stderr,
+    }
 }
 
 /// The JSON lines of one scenario, each checked to be an object naming its scenario and kind.
@@ -90,18 +148,6 @@ fn table_after(doc: &str, heading: &str) -> Vec<Vec<String>> {
     rows
 }
 
-/// Whether perf can sample a process here: the check the `profile` scenario makes before it
-/// runs, made again by the test to know which outcome to require.
-fn perf_can_sample() -> bool {
-    let dir = tempfile::tempdir().unwrap();
-    Command::new("perf")
-        .args(["record", "--quiet", "--output"])
-        .arg(dir.path().join("probe.data"))
-        .args(["--", "true"])
-        .output()
-        .is_ok_and(|output| output.status.success())
-}
-
 /// Whether valgrind's callgrind and its control program are installed, as the `instructions`
 /// scenario needs.
 fn callgrind_installed() -> bool {
@@ -113,23 +159,6 @@ fn callgrind_installed() -> bool {
     })
 }
 
-/// The flame graphs a report drew beside itself, by file name.
-fn flame_graphs(beside: &Path) -> Vec<(String, String)> {
-    let mut graphs: Vec<(String, String)> = std::fs::read_dir(beside.join("flamegraphs"))
-        .map(|entries| {
-            entries
-                .map(|entry| {
-                    let path = entry.unwrap().path();
-                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                    (name, std::fs::read_to_string(&path).unwrap())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    graphs.sort();
-    graphs
-}
-
 fn marker(name: &str, which: &str) -> String {
     match which {
         "begin" => format!(
@@ -139,58 +168,63 @@ fn marker(name: &str, which: &str) -> String {
     }
 }
 
+/// The scenarios `tollgate-bench list` names: what `report` (and so `scripts/bench`) runs.
+fn listed_scenarios() -> Vec<String> {
+    let output = bench(&["list"]);
+    assert_success(&output);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
-fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
-    let dir = tempfile::tempdir().unwrap();
-    let results = dir.path().join("results");
-    let out = dir.path().join("performance.md");
+fn every_scenario_has_its_own_test() {
+    let listed = listed_scenarios();
+    assert!(listed.contains(&"matrix".to_owned()), "{listed:?}");
+    let source = include_str!("scenarios.rs");
+    for name in &listed {
+        let test = format!("#[test]\nfn {}() {{", name.replace('-', "_"));
+        assert!(
+            source.contains(&test) && source.contains(&format!("smoke(\"{name}\")")),
+            "scenario {name} has no test of its own here (`{test}` running `smoke(\"{name}\")`)"
+        );
+    }
+}
+
+/// Rendered from the results a scenario left, the report replaces only that scenario's section
+/// of a page written by hand (and the machine section while the page has none), and keeps
+/// everything else: checked with the cost scenario's results, the cheapest to make.
+fn assert_the_report_keeps_the_hand_written_text(smoke: &Smoke) {
+    let (dir, results) = (&smoke.dir, &smoke.results);
+    let out = dir.path().join("page.md");
     std::fs::write(
         &out,
         format!(
             "# Performance\n\nWritten by hand before.\n\n{}\nstale numbers\n{}\n\nWritten by hand after.\n",
-            marker("matrix", "begin"),
-            marker("matrix", "end")
+            marker("cost", "begin"),
+            marker("cost", "end")
         ),
     )
     .unwrap();
-
-    let output = bench(&[
-        "report",
-        "--quick",
-        "--results-dir",
-        results.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert_success(&output);
-    let perf = perf_can_sample();
-    let callgrind = callgrind_installed();
+    let render = |out: &Path| {
+        bench(&[
+            "report",
+            "--render-only",
+            "--scenarios",
+            "cost",
+            "--results-dir",
+            results.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    assert_success(&render(&out));
     let doc = std::fs::read_to_string(&out).unwrap();
-
-    // The hand-written text stays, the stale section is replaced, every section is there once.
     assert!(doc.contains("Written by hand before."), "{doc}");
     assert!(doc.contains("Written by hand after."), "{doc}");
     assert!(!doc.contains("stale numbers"), "{doc}");
-    for name in [
-        "machine",
-        "matrix",
-        "hotkey",
-        "attack",
-        "overload",
-        "memory",
-        "accuracy",
-        "redis-cpu",
-        "cost",
-        "lease",
-        "grpc-floor",
-        "connections",
-        "redis-bound",
-        "workers",
-    ]
-    .into_iter()
-    .chain(perf.then_some("profile"))
-    .chain(callgrind.then_some("instructions"))
-    {
+    for name in ["machine", "cost"] {
         for which in ["begin", "end"] {
             assert_eq!(
                 doc.matches(&marker(name, which)).count(),
@@ -199,78 +233,80 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
             );
         }
     }
-    assert!(doc.contains("A smoke run (`--quick`)"), "{doc}");
-    // Without a limitador-server, that scenario is skipped by name, and says how to get one.
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("skipping limitador, its section stays as it was: no limitador-server")
-            && stderr.contains("cargo build --release -p limitador-server"),
-        "{stderr}"
+    // A report of some scenarios leaves the machine section as the last whole report wrote it:
+    // it speaks for sections this report does not measure.
+    let begin = marker("machine", "begin");
+    let start = doc.find(&begin).unwrap() + begin.len();
+    let stop = doc.find(&marker("machine", "end")).unwrap();
+    let by_hand = format!(
+        "{}\nthe machine of the last whole report\n{}",
+        &doc[..start],
+        &doc[stop..]
     );
-    assert!(!doc.contains(&marker("limitador", "begin")), "{doc}");
-    assert!(!results.join("limitador.jsonl").exists());
+    std::fs::write(&out, &by_hand).unwrap();
+    assert_success(&render(&out));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), by_hand);
+}
 
-    // matrix: every backend × algorithm × shard count ran, peak and half, and decided.
+#[test]
+fn matrix() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("matrix");
+    // Every backend × algorithm ran, peak and half, and decided.
     let matrix = records(&results, "matrix");
     let runs = of_kind(&matrix, "tollgate");
     for backend in ["memory", "redis", "redis-cluster"] {
         for algorithm in ["counter", "log"] {
-            for shards in [1, 8] {
-                for mode in ["peak", "half"] {
-                    let run = runs
-                        .iter()
-                        .find(|r| {
-                            r["backend"] == backend
-                                && r["algorithm"] == algorithm
-                                && r["shards"] == shards
-                                && r["mode"] == mode
-                        })
-                        .unwrap_or_else(|| panic!("no {backend} {algorithm} {shards} {mode} run"));
-                    assert!(number(run, &["load", "decisions"]) > 0.0, "{run}");
-                    assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
-                    assert!(
-                        number(run, &["load", "decisions_per_second"]) > 0.0,
-                        "{run}"
-                    );
-                    assert!(number(run, &["tollgate_cpu_seconds"]) >= 0.0, "{run}");
-                    let latency = &run["load"]["latency_us"];
-                    assert!(
-                        number(latency, &["p50"]) <= number(latency, &["p99"]),
-                        "{run}"
-                    );
-                    if mode == "half" {
-                        assert!(number(run, &["target_rate"]) > 0.0, "{run}");
-                    }
+            for mode in ["peak", "half"] {
+                let run = runs
+                    .iter()
+                    .find(|r| {
+                        r["backend"] == backend && r["algorithm"] == algorithm && r["mode"] == mode
+                    })
+                    .unwrap_or_else(|| panic!("no {backend} {algorithm} {mode} run"));
+                assert!(number(run, &["load", "decisions"]) > 0.0, "{run}");
+                assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
+                assert!(
+                    number(run, &["load", "decisions_per_second"]) > 0.0,
+                    "{run}"
+                );
+                assert!(number(run, &["tollgate_cpu_seconds"]) >= 0.0, "{run}");
+                let latency = &run["load"]["latency_us"];
+                assert!(
+                    number(latency, &["p50"]) <= number(latency, &["p99"]),
+                    "{run}"
+                );
+                if mode == "half" {
+                    assert!(number(run, &["target_rate"]) > 0.0, "{run}");
                 }
             }
         }
     }
-    let ceilings = of_kind(&matrix, "ceiling");
-    for backend in ["redis", "redis-cluster"] {
-        for algorithm in ["counter", "log"] {
-            let ceiling = ceilings
-                .iter()
-                .find(|r| r["backend"] == backend && r["algorithm"] == algorithm)
-                .unwrap_or_else(|| panic!("no {backend} {algorithm} ceiling"));
-            assert!(number(ceiling, &["calls_per_second"]) > 0.0, "{ceiling}");
-            assert!(number(ceiling, &["requests"]) >= 1000.0, "{ceiling}");
-            assert!(
-                ceiling["command"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("redis-benchmark "),
-                "{ceiling}"
-            );
-        }
+    // One row per backend and algorithm, with every number; Redis CPU only where there is one.
+    let rows = table_after(
+        &doc,
+        "| backend | algorithm | shards | in flight | peak decisions/s",
+    );
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in &rows {
+        let blank: Vec<usize> = (0..row.len()).filter(|&i| row[i] == "–").collect();
+        let expected: &[usize] = if row[0] == "memory" { &[7] } else { &[] };
+        assert_eq!(blank, expected, "{row:?}");
     }
-    // Every ratio of the matrix has both of its numbers.
-    for row in table_after(&doc, "#### Ratios") {
-        assert!(row.iter().all(|cell| cell != "–"), "{row:?}");
-        assert!(row[3].ends_with('×') && row[5].ends_with('%'), "{row:?}");
-    }
-    let peaks = table_after(&doc, "#### Peak: closed loop");
-    assert_eq!(peaks.len(), 12, "{peaks:?}");
+}
 
+#[test]
+fn hotkey() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("hotkey");
     // hotkey: unsharded, one master serves every script call; sharded, they spread.
     let hotkey = records(&results, "hotkey");
     let hot = of_kind(&hotkey, "run");
@@ -296,11 +332,20 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
             assert!(busy >= 2, "{run}");
         }
     }
-    let hot_rows = table_after(&doc, "### One hot limit");
+    let hot_rows = table_after(&doc, "**One hot limit on the cluster");
     assert_eq!(hot_rows.len(), 2, "{hot_rows:?}");
     assert_eq!(hot_rows[0][5], "100%", "{hot_rows:?}");
     assert!(doc.contains("`shards: 8` over `shards: 1`"), "{doc}");
+}
 
+#[test]
+fn attack() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("attack");
     // attack: refusals on every backend, with the local cache on and off; script calls counted
     // on the Redis ones, every refusal one call without the cache, fewer with it.
     let attack = records(&results, "attack");
@@ -316,7 +361,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
             assert_eq!(run["script_calls"].is_null(), backend == "memory", "{run}");
         }
     }
-    let attack_rows = table_after(&doc, "### One key far over its limit");
+    let attack_rows = table_after(&doc, "**One key far over its limit.**");
     assert_eq!(attack_rows.len(), 6, "{attack_rows:?}");
     for pair in attack_rows[2..].chunks(2) {
         let calls =
@@ -332,7 +377,16 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         );
         assert!(calls(&pair[0]) < calls(&pair[1]), "{pair:?}");
     }
+}
 
+#[test]
+fn overload() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("overload");
     // overload: every bound measured; refusals only where there is a bound.
     let overload = records(&results, "overload");
     let overloads = of_kind(&overload, "run");
@@ -344,8 +398,17 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(number(run, &["saturation"]) > 0.0, "{run}");
         assert!(number(run, &["rss_after"]) > 0.0, "{run}");
     }
-    assert_eq!(table_after(&doc, "### Twice the saturation rate").len(), 4);
+    assert_eq!(table_after(&doc, "**Twice the saturation rate.**").len(), 4);
+}
 
+#[test]
+fn memory() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("memory");
     // memory: both algorithms, the budget held, idle readings after the flood.
     let memory = records(&results, "memory");
     for run in of_kind(&memory, "run") {
@@ -359,7 +422,16 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         doc.contains("### A flood of distinct keys on the memory backend"),
         "{doc}"
     );
+}
 
+#[test]
+fn accuracy() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("accuracy");
     // accuracy: the log never admits more than the limit in any window, whatever the traffic;
     // the counter's boundary burst goes well past it; a log key grows with its hits.
     let accuracy = records(&results, "accuracy");
@@ -388,7 +460,16 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(log(10_000) > log(100), "{bytes:?}");
     }
     assert!(doc.contains("### Accuracy of the algorithms"), "{doc}");
+}
 
+#[test]
+fn redis_cpu() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("redis-cpu");
     // redis-cpu: both floors, and script time for every point.
     let redis_cpu = records(&results, "redis-cpu");
     let floors = of_kind(&redis_cpu, "floor");
@@ -396,9 +477,9 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
     for floor in &floors {
         assert!(number(floor, &["usec_per_decision"]) > 0.0, "{floor}");
     }
-    // 2 backends × 2 algorithms × 2 shard counts × (admitted with 1 and 3 descriptors, refused).
+    // 2 backends × 2 algorithms × (admitted with 1 and 3 descriptors, refused).
     let cpu_runs = of_kind(&redis_cpu, "run");
-    assert_eq!(cpu_runs.len(), 24, "{cpu_runs:?}");
+    assert_eq!(cpu_runs.len(), 12, "{cpu_runs:?}");
     for run in &cpu_runs {
         assert!(number(run, &["script_calls"]) > 0.0, "{run}");
         assert!(number(run, &["script_usec"]) > 0.0, "{run}");
@@ -412,97 +493,23 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         let decisions = number(run, &["load", "decisions"]);
         assert_eq!(number(run, &["script_calls"]), 3.0 * decisions, "{run}");
     }
-    // How the script is called: four ways for each algorithm.
-    let invocations = of_kind(&redis_cpu, "invocation");
-    assert_eq!(invocations.len(), 8, "{invocations:?}");
-    for run in &invocations {
-        assert!(number(run, &["calls"]) > 0.0, "{run}");
-        assert!(number(run, &["script_usec"]) > 0.0, "{run}");
-    }
     assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 3);
-    assert_eq!(table_after(&doc, "#### How the script is called").len(), 8);
+    assert_eq!(
+        table_after(&doc, "| backend | algorithm | shards | traffic").len(),
+        12
+    );
+}
 
-    // connections: every pool size decided with one and with three descriptors, and each is
-    // compared with the first.
-    let connections = records(&results, "connections");
-    let connection_runs = of_kind(&connections, "run");
-    assert_eq!(connection_runs.len(), 8, "{connection_runs:?}");
-    for run in &connection_runs {
-        assert!(
-            number(run, &["load", "decisions_per_second"]) > 0.0,
-            "{run}"
-        );
-    }
-    assert_eq!(
-        table_after(&doc, "### Connections to one Redis server").len(),
-        8
-    );
-    assert!(
-        doc.contains("decisions/s of each pool size over 1 connection, the median"),
-        "{doc}"
-    );
-    // redis-bound: both clients ran each algorithm against the throttled server, every tollgate
-    // decision was one script call, and the ratio of their rates is written.
-    let bound = records(&results, "redis-bound");
-    let bound_runs = of_kind(&bound, "run");
-    assert_eq!(bound_runs.len(), 4, "{bound_runs:?}");
-    for run in &bound_runs {
-        assert!(number(run, &["rate"]) > 0.0, "{run}");
-        assert!(number(run, &["redis_cpu_seconds"]) > 0.0, "{run}");
-        if run["client"] == "tollgate" {
-            assert_eq!(
-                number(run, &["script_calls"]),
-                number(run, &["calls"]),
-                "{run}"
-            );
-        }
-    }
-    assert_eq!(
-        table_after(&doc, "### When Redis is what runs out").len(),
-        4
-    );
-    for algorithm in ["counter", "log"] {
-        assert!(
-            doc.contains(&format!(
-                "{algorithm}: tollgate's decisions/s over redis-benchmark's calls/s, the median"
-            )),
-            "{doc}"
-        );
-    }
-    // workers: every layout decided closed loop and at the steady rate, its processes' context
-    // switches were read, and each layout is compared with the default.
-    let workers = records(&results, "workers");
-    let worker_runs = of_kind(&workers, "run");
-    assert_eq!(worker_runs.len(), 6, "{worker_runs:?}");
-    for run in &worker_runs {
-        assert!(
-            number(run, &["load", "decisions_per_second"]) > 0.0,
-            "{run}"
-        );
-        // Counted exactly, unlike CPU time (whole clock ticks, which a smoke run's few
-        // milliseconds may round to none): a process that decided has waited at least once.
-        assert!(number(run, &["context_switches"]) > 0.0, "{run}");
-    }
-    let per_cpu_processes = worker_runs
-        .iter()
-        .find(|r| r["layout"] == "process-per-cpu")
-        .map(|r| number(r, &["processes"]));
-    assert_eq!(
-        per_cpu_processes,
-        Some(std::thread::available_parallelism().map_or(1, usize::from) as f64)
-    );
-    assert_eq!(
-        table_after(&doc, "### Worker threads on the Redis path").len(),
-        6
-    );
-    for load in ["Closed loop", "At 20,000/s"] {
-        assert!(
-            doc.contains(&format!(
-                "{load}, each layout over one process, a worker per CPU (default), the median"
-            )),
-            "{doc}"
-        );
-    }
+#[test]
+fn cost() {
+    let smoke = smoke("cost");
+    assert_the_report_keeps_the_hand_written_text(&smoke);
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke;
     // cost: both tollgates decided, and the ratio of their throughputs is written.
     let cost = records(&results, "cost");
     let cost_runs = of_kind(&cost, "run");
@@ -518,7 +525,7 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         assert!(number(run, &["tollgate_cpu_seconds"]) >= 0.0, "{run}");
     }
     assert_eq!(
-        table_after(&doc, "### The cost of the per-limit statistics").len(),
+        table_after(&doc, "**The cost of the per-limit statistics.**").len(),
         2
     );
     assert!(
@@ -527,7 +534,16 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         ),
         "{doc}"
     );
+}
 
+#[test]
+fn lease() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("lease");
     // lease: three instances share the hot limit; on every store backend, leased and not, for
     // both algorithms. Unleased, every admitted hit is a script call; leased, fewer calls than
     // decisions. Under overload the log never admits more than its limit allows over the run
@@ -576,61 +592,35 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         }
     }
     assert_eq!(
-        table_after(&doc, "### One hot limit shared by 3 instances").len(),
+        table_after(&doc, "**One hot limit shared by 3 instances").len(),
         10
     );
-    assert_eq!(table_after(&doc, "#### Twice the limit").len(), 8);
+    assert_eq!(table_after(&doc, "**Twice the limit").len(), 8);
+}
 
-    // grpc-floor: tollgate and the empty server both answered, closed loop, at half of
-    // tollgate's peak and at the quiet rate, sharing the cores with the generator and (given a
-    // second CPU) apart from it; the ratio and both open-loop tables are written.
+#[test]
+fn grpc_floor() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("grpc-floor");
+    // grpc-floor: tollgate and the stock tonic server both answered closed loop, and the
+    // ratio of their rates is written.
     let floor = records(&results, "grpc-floor");
-    let floor_cpus = floor
-        .iter()
-        .find(|r| r["kind"] == "conditions")
-        .and_then(|r| r["machine"]["cpus"].as_u64())
-        .unwrap();
-    let apart_too = floor_cpus > 1;
     let floor_runs = of_kind(&floor, "run");
-    assert_eq!(
-        floor_runs.len(),
-        if apart_too { 12 } else { 6 },
-        "{floor_runs:?}"
-    );
-    let placements: &[bool] = if apart_too { &[false, true] } else { &[false] };
-    for &apart in placements {
-        for server in ["tollgate", "empty"] {
-            for (open, quiet) in [(false, false), (true, false), (true, true)] {
-                let run = floor_runs
-                    .iter()
-                    .find(|r| {
-                        r["server"] == server
-                            && r["target_rate"].is_null() != open
-                            && r["quiet"] == quiet
-                            && r["apart"] == apart
-                    })
-                    .unwrap_or_else(|| {
-                        panic!(
-                            "no grpc-floor run of {server}, open loop {open}, quiet {quiet}, \
-                             apart {apart}"
-                        )
-                    });
-                if quiet {
-                    assert_eq!(number(run, &["target_rate"]), 2_000.0, "{run}");
-                }
-                assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
-                assert!(number(run, &["cpu_seconds"]) >= 0.0, "{run}");
-                // Sending the calls costs the generator CPU, which it counts.
-                assert!(number(run, &["generator_cpu_seconds"]) > 0.0, "{run}");
-            }
-        }
+    assert_eq!(floor_runs.len(), 2, "{floor_runs:?}");
+    for server in ["tollgate", "empty"] {
+        let run = floor_runs
+            .iter()
+            .find(|r| r["server"] == server)
+            .unwrap_or_else(|| panic!("no grpc-floor run of {server}"));
+        assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
+        assert!(number(run, &["cpu_seconds"]) >= 0.0, "{run}");
     }
-    assert!(
-        doc.contains("| server, open loop | target/s | achieved/s | p50 ms | p90 ms | p99 ms | p99.9 ms | server cores | generator cores |"),
-        "{doc}"
-    );
     assert_eq!(
-        table_after(&doc, "### tollgate against an empty RLS server").len(),
+        table_after(&doc, "### tollgate against a stock tonic server").len(),
         2
     );
     assert!(
@@ -660,165 +650,72 @@ fn quick_report_measures_every_scenario_and_keeps_the_hand_written_text() {
         table_after(&doc, "\nThe same two servers under h2load").len(),
         2
     );
-    if apart_too {
-        assert_eq!(
-            table_after(&doc, "\nApart: a second tollgate and empty server").len(),
-            2
-        );
-        assert!(
-            doc.contains("| server, open loop, apart | target/s |"),
-            "{doc}"
-        );
-    }
+}
 
-    // profile: perf sampled every server while it was measured, every sample counts in one
-    // part, and a flame graph of each server was drawn beside the report. Where perf cannot
-    // sample, the scenario is skipped by name and says why.
-    if perf {
-        let profile = records(&results, "profile");
-        let runs = of_kind(&profile, "run");
-        for server in ["tollgate-memory", "tollgate-redis", "empty"] {
-            let run = runs
-                .iter()
-                .find(|r| r["server"] == server)
-                .unwrap_or_else(|| panic!("no profile run of {server}"));
-            assert!(number(run, &["load", "ok"]) > 0.0, "{run}");
-            let parts = run["parts"].as_object().unwrap();
-            let samples: u64 = parts.values().map(|n| n.as_u64().unwrap()).sum();
-            assert!(samples > 0, "{run}");
-            // Only tollgate on Redis has a Redis client to sample.
-            if server != "tollgate-redis" {
-                assert!(!parts.contains_key("redis-client"), "{run}");
-            }
-        }
-        assert_eq!(
-            table_after(&doc, "### Where a decision's CPU goes, sampled").len(),
-            3
-        );
-        let graphs = flame_graphs(dir.path());
-        let names: Vec<&str> = graphs.iter().map(|(name, _)| name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "profile-empty.svg",
-                "profile-tollgate-memory.svg",
-                "profile-tollgate-redis.svg"
-            ]
-        );
-        for (name, svg) in &graphs {
-            assert!(svg.contains("<svg") && svg.contains("samples"), "{name}");
-            assert!(doc.contains(&format!("(flamegraphs/{name})")), "{doc}");
-        }
-    } else {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains("skipping profile, its section stays as it was: "),
-            "{stderr}"
-        );
-    }
-
-    // instructions: callgrind counted every server over the calls h2load sent it, and tollgate
-    // executes more a call than the empty server. Without valgrind, the scenario is skipped by
-    // name and says why.
-    if callgrind {
-        let counted = records(&results, "instructions");
-        let runs = of_kind(&counted, "run");
-        let per_call = |server: &str| {
-            let run = runs
-                .iter()
-                .find(|r| r["server"] == server)
-                .unwrap_or_else(|| panic!("no instructions run of {server}"));
-            assert!(number(run, &["calls"]) >= 100.0, "{run}");
-            number(run, &["instructions"]) / number(run, &["calls"])
-        };
-        // Every tollgate does more than the empty server on the same gRPC path, which does
-        // less than the one tonic generates.
-        let floor = per_call("empty-unary");
-        assert!(floor > 0.0);
-        assert!(per_call("empty") > floor);
-        for server in [
-            "tollgate",
-            "tollgate-no-local-cache",
-            "tollgate-no-stats",
-            "tollgate-redis",
-        ] {
-            assert!(per_call(server) > floor, "{server}");
-        }
-        assert_eq!(
-            table_after(&doc, "### Instructions per call, counted").len(),
-            6
-        );
-        // And redis-server was counted over every script's calls: a decision does more than
-        // the commands it would run with no decision between them.
-        let scripts = of_kind(&counted, "script");
-        let per_script = |script: &str| {
-            let run = scripts
-                .iter()
-                .find(|r| r["script"] == script)
-                .unwrap_or_else(|| panic!("no script run of {script}"));
-            assert!(number(run, &["calls"]) >= 100.0, "{run}");
-            number(run, &["instructions"]) / number(run, &["calls"])
-        };
-        assert!(per_script("log") > per_script("log-commands"));
-        assert!(per_script("counter") > per_script("minimal"));
-        assert!(per_script("log-commands-one-key") > 0.0);
-        assert_eq!(
-            table_after(&doc, "#### Instructions per script call, in redis-server").len(),
-            5
-        );
-    } else {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains("skipping instructions, its section stays as it was: "),
-            "{stderr}"
-        );
-    }
-    let graphs = flame_graphs(dir.path());
-
-    // The report is a function of the results alone, the flame graphs too: drawn again from
-    // the stacks kept with the results, they are the same files.
-    let _ = std::fs::remove_dir_all(dir.path().join("flamegraphs"));
-    let again = dir.path().join("again.md");
-    std::fs::copy(&out, &again).unwrap();
-    let output = bench(&[
-        "report",
-        "--render-only",
-        "--results-dir",
-        results.to_str().unwrap(),
-        "--out",
-        again.to_str().unwrap(),
-    ]);
-    assert_success(&output);
-    assert_eq!(std::fs::read_to_string(&again).unwrap(), doc);
+#[test]
+fn limitador() {
+    // Without a limitador-server (these runs never have one), the scenario is skipped by name,
+    // says how to get one, and leaves neither results nor a section.
+    let smoke = smoke("limitador");
     assert!(
-        flame_graphs(dir.path()) == graphs,
-        "the flame graphs drawn again from the results are not the ones the report drew"
+        smoke
+            .stderr
+            .contains("skipping limitador, its section stays as it was: no limitador-server")
+            && smoke
+                .stderr
+                .contains("cargo build --release -p limitador-server"),
+        "{}",
+        smoke.stderr
     );
+    let empty = format!(
+        "{}\n{}",
+        marker("limitador", "begin"),
+        marker("limitador", "end")
+    );
+    assert!(smoke.doc.contains(&empty), "{}", smoke.doc);
+    assert!(!smoke.results.join("limitador.jsonl").exists());
+}
 
-    // A report of some scenarios leaves the machine section as the last whole report wrote it:
-    // it speaks for sections this report does not measure.
-    let begin = marker("machine", "begin");
-    let start = doc.find(&begin).unwrap() + begin.len();
-    let stop = doc.find(&marker("machine", "end")).unwrap();
-    let partial = dir.path().join("partial.md");
-    let by_hand = format!(
-        "{}\nthe machine of the last whole report\n{}",
-        &doc[..start],
-        &doc[stop..]
+#[test]
+fn instructions() {
+    let smoke = smoke("instructions");
+    let (results, doc) = (smoke.results.as_path(), smoke.doc.as_str());
+    // instructions: callgrind counted every server over the calls h2load sent it, and tollgate
+    // on Redis executes more a call than on the memory backend (the Redis client's work).
+    // Without valgrind, the scenario is skipped by name and says why.
+    if !callgrind_installed() {
+        assert!(
+            smoke
+                .stderr
+                .contains("skipping instructions, its section stays as it was: "),
+            "{}",
+            smoke.stderr
+        );
+        return;
+    }
+    let counted = records(results, "instructions");
+    let runs = of_kind(&counted, "run");
+    let per_call = |server: &str| {
+        let run = runs
+            .iter()
+            .find(|r| r["server"] == server)
+            .unwrap_or_else(|| panic!("no instructions run of {server}"));
+        assert!(number(run, &["calls"]) >= 100.0, "{run}");
+        number(run, &["instructions"]) / number(run, &["calls"])
+    };
+    for server in [
+        "empty",
+        "tollgate",
+        "tollgate-no-local-cache",
+        "tollgate-no-stats",
+    ] {
+        assert!(per_call(server) > 0.0, "{server}");
+    }
+    assert!(per_call("tollgate-redis") > per_call("tollgate"));
+    assert_eq!(
+        table_after(doc, "### Instructions per call, counted").len(),
+        5
     );
-    std::fs::write(&partial, &by_hand).unwrap();
-    let output = bench(&[
-        "report",
-        "--render-only",
-        "--scenarios",
-        "workers",
-        "--results-dir",
-        results.to_str().unwrap(),
-        "--out",
-        partial.to_str().unwrap(),
-    ]);
-    assert_success(&output);
-    assert_eq!(std::fs::read_to_string(&partial).unwrap(), by_hand);
 }
 
 #[test]
@@ -842,15 +739,6 @@ fn bad_flags_and_missing_results_are_named() {
     let output = bench(&["hotkey", "--shards", "0"]);
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--shards"));
-
-    // A steady rate of nothing would divide by zero in the schedule.
-    let output = bench(&["workers", "--rate", "0"]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("--rate") && stderr.contains("must be a positive number"),
-        "{stderr}"
-    );
 
     let dir = tempfile::tempdir().unwrap();
     let output = bench(&[

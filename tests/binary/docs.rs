@@ -20,10 +20,11 @@
 //! only when a document mentions them.
 //!
 //! A document may not hide a command in a `sh`/`bash`/`shell` block, where it would never run.
-//! The only command not run is `scripts/test`, which is the command running this test.
-//! Benchmark commands run at smoke scale (`TOLLGATE_BENCH_QUICK=1`, the same as their `--quick`
-//! flag, which also keeps their results out of `docs/`): what is checked is that each documented
-//! command works, not what it measures.
+//! The commands not run are in `NOT_RUN`: `scripts/test`, which is the command running this
+//! test, and the `scripts/bench` commands, whose scenarios bench/tests/scenarios.rs runs once
+//! each at smoke scale. Any other benchmark command runs at smoke scale
+//! (`TOLLGATE_BENCH_QUICK=1`, the same as its `--quick` flag, which also keeps its results out of
+//! `docs/`): what is checked is that each documented command works, not what it measures.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -38,7 +39,17 @@ use tollgate_testkit::tollgate::{listening_addrs, tollgate_bin};
 use tollgate_testkit::tools::{grpcurl_bin, manifest_dir};
 
 /// Commands a document may show that this test does not run, with the reason.
-const NOT_RUN: &[(&str, &str)] = &[("scripts/test", "it is the command that runs this test")];
+const NOT_RUN: &[(&str, &str)] = &[
+    ("scripts/test", "it is the command that runs this test"),
+    ("scripts/bench", BENCH_WHY),
+    ("scripts/bench --scenarios hotkey --runs 5", BENCH_WHY),
+    ("scripts/bench --scenarios accuracy", BENCH_WHY),
+];
+
+/// Why the benchmark commands are not run here: each scenario they run is run once at smoke scale
+/// by a test of its own, so running them here would run every scenario again.
+const BENCH_WHY: &str = "bench/tests/scenarios.rs runs every scenario it runs, once each, at \
+                         smoke scale, and checks that it lists each one";
 
 /// How long a service start may take: `cargo run` may have to build the binary first.
 const SERVER_START: Duration = Duration::from_secs(600);

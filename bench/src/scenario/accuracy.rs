@@ -35,7 +35,7 @@ use tollgate::window::{Algorithm as WindowAlgorithm, Cost, Counting};
 
 use crate::doc::{Align, Table, count, fixed};
 use crate::scenario::{
-    Algorithm, Bench, Scenario, ScenarioName, conditions_of, records_of, runs_of, say,
+    Algorithm, Bench, Scenario, ScenarioName, conditions_of, distinct, records_of, runs_of, say,
 };
 use crate::stand::Backend as StandBackend;
 
@@ -456,79 +456,78 @@ fn share(part: u64, whole: u64) -> String {
     }
 }
 
-/// The accuracy section of the report.
+/// The accuracy section of the report: per traffic pattern, how far each algorithm's
+/// admissions are from the exact limit; then the bytes one key takes by the hits it holds.
 pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
     let runs: Vec<AccuracyRun> = runs_of(records, "accuracy")?;
     let bytes: Vec<MemoryPerHit> = records_of(records, "bytes")?;
     let first = &runs[0];
     let mut out = String::new();
-    let _ = writeln!(out, "### Accuracy of the algorithms\n");
     let _ = writeln!(
         out,
-        "Simulated {} at commit `{}`: tollgate's memory backend under a manual clock, {} windows \
-         of one minute per pattern, a limit of {LIMIT} units a minute, arrival times from a \
-         seeded generator (the same numbers on every machine). *Worst interval*: the most units \
-         admitted in any one-minute interval, over the limit. *Wrongly admitted*: admissions \
-         that took the minute ending at the hit above the limit. *Wrongly refused*: refusals \
-         of a hit that fitted in that minute. *Admitted ÷ exact*: units admitted over units \
-         the exact rule admits on the same arrivals.\n",
+        "### Accuracy of the algorithms\n\nSimulated {} at commit `{}`: tollgate's memory \
+         backend under a manual clock, {} windows of one minute per pattern, a limit of {LIMIT} \
+         units a minute, arrival times from a seeded generator (the same numbers on every \
+         machine). *Worst*: the most units admitted in any one-minute interval, over the limit. \
+         *Wrongly admitted*: admissions that took the minute ending at the hit above the limit. \
+         *÷ exact*: units admitted over units the exact rule admits on the same arrivals.\n",
         conditions.started, conditions.machine.commit, first.windows,
     );
     let mut table = Table::new(&[
         ("traffic", Align::Left),
-        ("algorithm", Align::Left),
         ("shards", Align::Right),
-        ("hits", Align::Right),
-        ("worst interval", Align::Right),
-        ("wrongly admitted", Align::Right),
-        ("wrongly refused", Align::Right),
-        ("admitted ÷ exact", Align::Right),
+        ("counter worst", Align::Right),
+        ("counter wrongly admitted", Align::Right),
+        ("counter ÷ exact", Align::Right),
+        ("log worst", Align::Right),
+        ("log wrongly admitted", Align::Right),
+        ("log ÷ exact", Align::Right),
     ]);
-    for run in &runs {
-        table.row(vec![
-            run.pattern.clone(),
-            run.algorithm.name().to_owned(),
-            run.shards.to_string(),
-            count(Some(run.hits as f64)),
-            format!(
-                "{:.2}× ({})",
-                run.worst_interval as f64 / LIMIT as f64,
-                run.worst_interval
-            ),
-            share(run.wrongly_admitted, run.admissions),
-            share(run.wrongly_refused, run.refusals),
-            fixed(
-                Some(run.admitted_units as f64 / run.exact_units.max(1) as f64),
-                3,
-            ),
-        ]);
+    for (pattern, shards) in distinct(runs.iter().map(|r| (r.pattern.as_str(), r.shards))) {
+        let mut row = vec![pattern.to_owned(), shards.to_string()];
+        for algorithm in [Algorithm::Counter, Algorithm::Log] {
+            let run = runs
+                .iter()
+                .find(|r| r.pattern == pattern && r.shards == shards && r.algorithm == algorithm);
+            row.extend(match run {
+                Some(run) => [
+                    format!("{:.2}×", run.worst_interval as f64 / LIMIT as f64),
+                    share(run.wrongly_admitted, run.admissions),
+                    fixed(
+                        Some(run.admitted_units as f64 / run.exact_units.max(1) as f64),
+                        3,
+                    ),
+                ],
+                None => ["–".to_owned(), "–".to_owned(), "–".to_owned()],
+            });
+        }
+        table.row(row);
     }
     out.push_str(&table.render());
     let _ = writeln!(
         out,
-        "\nMemory of one key by the hits it holds: the memory backend's own accounting, and \
-         `MEMORY USAGE` of the keys tollgate's scripts write in Redis (a log key is a sorted \
-         set; Redis packs small sets and switches to a skip list past 128 entries). A counter \
-         key's size does not depend on its hits; the memory backend's figure for one key \
-         includes its tables' smallest allocation (per key under many keys, see the memory \
-         section).\n"
+        "\nBytes of one key by the hits it holds: the memory backend's own accounting (one key \
+         alone, its tables' smallest allocation included), and `MEMORY USAGE` of the keys \
+         tollgate's scripts write in Redis (a log is a sorted set, packed up to 128 entries).\n"
     );
-    let mut table = Table::new(&[
-        ("store", Align::Left),
-        ("algorithm", Align::Left),
-        ("hits held", Align::Right),
-        ("bytes", Align::Right),
-        ("bytes per hit", Align::Right),
-    ]);
-    for row in &bytes {
-        table.row(vec![
-            row.store.clone(),
-            row.algorithm.name().to_owned(),
-            count(Some(row.hits as f64)),
-            count(Some(row.bytes as f64)),
-            fixed(Some(row.bytes as f64 / row.hits.max(1) as f64), 1),
-        ]);
+    let held = distinct(bytes.iter().map(|r| r.hits));
+    let mut columns = vec![("store", Align::Left), ("algorithm", Align::Left)];
+    let names: Vec<String> = held
+        .iter()
+        .map(|hits| format!("{} hits: bytes", count(Some(*hits as f64))))
+        .collect();
+    columns.extend(names.iter().map(|name| (name.as_str(), Align::Right)));
+    let mut table = Table::new(&columns);
+    for (store, algorithm) in distinct(bytes.iter().map(|r| (r.store.as_str(), r.algorithm))) {
+        let mut row = vec![store.to_owned(), algorithm.name().to_owned()];
+        for hits in &held {
+            let key = bytes
+                .iter()
+                .find(|r| r.store == store && r.algorithm == algorithm && r.hits == *hits);
+            row.push(key.map_or("–".to_owned(), |r| count(Some(r.bytes as f64))));
+        }
+        table.row(row);
     }
     out.push_str(&table.render());
     Ok(out)

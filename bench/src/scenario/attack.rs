@@ -215,10 +215,9 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         |point: (Backend, bool)| median(of(point).iter().filter_map(|r| r.calls_per_rejection()));
 
     let mut out = String::new();
-    let _ = writeln!(out, "### One key far over its limit\n");
     let _ = writeln!(
         out,
-        "{} One descriptor, always the same value, limited to {} hits a minute ({}), sent closed \
+        "**One key far over its limit.** {} One descriptor, always the same value, limited to {} hits a minute ({}), sent closed \
          loop by {} calls in flight over {} HTTP/2 connections; the warmup spends the limit, so \
          nearly every measured call is refused. *Script calls per refusal*: `evalsha` and `eval` \
          calls the Redis masters served during the run (from `INFO commandstats`) over the \

@@ -175,10 +175,9 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         median(of(mode).filter_map(|r| micros_per(r.tollgate_cpu_seconds, r.load.decisions)))
     };
     let mut out = String::new();
-    let _ = writeln!(out, "### The cost of the per-limit statistics\n");
     let _ = writeln!(
         out,
-        "{} Memory backend, one descriptor with values drawn uniformly from {} keys under a \
+        "**The cost of the per-limit statistics.** {} Memory backend, one descriptor with values drawn uniformly from {} keys under a \
          limit no load reaches, {} calls in flight closed loop. Two tollgate processes with the \
          same policy, measured one after the other in every run (alternating which goes \
          first): one with `DISABLE_STATS=true`, one with the defaults (per-limit statistics \

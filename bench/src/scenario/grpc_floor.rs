@@ -1,19 +1,13 @@
-//! `grpc-floor`: tollgate on the memory backend against an empty RLS server, the floor of what
-//! a decision can cost beside gRPC itself.
+//! `grpc-floor`: tollgate on the memory backend against the empty RLS server, a stock tonic
+//! server: the ceiling of what a gRPC server in Rust answers, so the gap is what a decision costs.
 //!
-//! The empty server ([`crate::empty`]) is the same gRPC service on the same transport, answering OK
-//! without deciding; it runs as a process of its own, as tollgate does. Each run measures both
-//! closed loop, one after the other, alternating which goes first so the machine's other work
-//! weighs on both alike; then both open loop at half of tollgate's peak of that run, for the
-//! latency a server has when it is not saturated, and at a rate far below either peak
-//! ([`QUIET_RATE`]), for the latency of a call that finds nothing queued: the floor that this
-//! machine and the generator put under every open-loop latency. Then the same again with a second
-//! pair of servers started on one CPU and a generator of their own on the others, so that a
-//! server's latency is not the time it waits for a core the generator holds. Last, where h2load is
-//! installed, the first pair again under h2load, which costs about half as much a call as our
-//! generator: with more of the shared cores left to the servers, the gap between them shows whole.
-//! Reported: decisions per second of each, their ratio (the median of the runs' ratios), CPU per
-//! decision of each process, and the latency at half the peak, sharing the cores and apart.
+//! The empty server ([`crate::empty`]) answers the same RPC OK without deciding, in a process of
+//! its own, as tollgate runs. Each run measures both closed loop, one after the other,
+//! alternating which goes first so the machine's other work weighs on both alike. Then, where
+//! h2load is installed, both again under h2load, which costs about half as much a call as our
+//! generator: with more of the shared cores left to the servers, the gap between them shows
+//! whole. Reported: decisions per second of each, their ratio (the median of the runs' ratios),
+//! and CPU per decision of each process.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -22,11 +16,10 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Align, Table, count, fixed, measured, median, ms, times_by_run};
+use crate::doc::{Align, Table, count, measured, ms, times_by_run};
 use crate::empty::EmptyProcess;
 use crate::h2load::{self, H2Load, H2LoadOptions, H2LoadSummary};
 use crate::load::summary::Summary;
-use crate::proc::Layout;
 use crate::scenario::{
     Algorithm, Bench, Connections, DOMAIN, Loader, Phase, Scenario, ScenarioName, Tools,
     UNREACHABLE_LIMIT, conditions_of, load_cells, per_decision_cell, policy, records_of, rotation,
@@ -94,57 +87,10 @@ pub struct FloorRun {
     pub run: u32,
     /// Calls in flight.
     pub concurrency: u32,
-    /// The open-loop rate, or `None` for the closed-loop peak.
-    pub target_rate: Option<f64>,
     /// What the load generator saw.
     pub load: Summary,
     /// CPU seconds the server process used during the run.
     pub cpu_seconds: f64,
-    /// CPU seconds the load generator (this process) used during the run.
-    #[serde(default)]
-    pub generator_cpu_seconds: f64,
-    /// Whether the servers ran on one CPU and the generator on the others; otherwise all share
-    /// every CPU.
-    #[serde(default)]
-    pub apart: bool,
-    /// Whether the run was open loop at [`QUIET_RATE`], not at half of tollgate's peak.
-    #[serde(default)]
-    pub quiet: bool,
-}
-
-/// Where a run's load stood.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Point {
-    /// Closed loop: the server's peak.
-    Peak,
-    /// Open loop at half of tollgate's peak.
-    Half,
-    /// Open loop at [`QUIET_RATE`].
-    Quiet,
-}
-
-/// The open-loop rate far below either server's peak (under a tenth of it on a machine of two
-/// CPUs): no call should find another queued before it, so its latency is the round trip
-/// itself, the generator's share and the machine's scheduling included.
-pub const QUIET_RATE: f64 = 2_000.0;
-
-impl FloorRun {
-    /// How many cores the server and the generator kept busy on average, in that order.
-    fn cores(&self) -> (Option<f64>, Option<f64>) {
-        let elapsed = self.load.elapsed_seconds;
-        let busy = |seconds: f64| (elapsed > 0.0).then(|| seconds / elapsed);
-        (busy(self.cpu_seconds), busy(self.generator_cpu_seconds))
-    }
-
-    /// Whether this is a run of `server` at `point` in the given placement.
-    fn is(&self, server: Server, point: Point, apart: bool) -> bool {
-        let at = match (self.target_rate, self.quiet) {
-            (None, _) => Point::Peak,
-            (Some(_), false) => Point::Half,
-            (Some(_), true) => Point::Quiet,
-        };
-        self.server == server && at == point && self.apart == apart
-    }
 }
 
 /// One h2load run of one server: the same request (one descriptor value) over and over.
@@ -212,33 +158,6 @@ impl<'a> Pair<'a> {
     fn cpu_seconds(&self, server: Server) -> anyhow::Result<f64> {
         self.server(server).cpu_seconds()
     }
-
-    fn pids(&self) -> anyhow::Result<[u32; 2]> {
-        Ok([self.tollgate.pid()?, self.empty.pid()?])
-    }
-}
-
-/// A second pair of servers, born on CPU 0, and a generator of its own, made on the other CPUs
-/// ([`Layout::GeneratorApart`]): each process sizes its runtime to the CPUs it will keep, as a
-/// sidecar limited to one CPU would.
-struct Apart<'a> {
-    pair: Pair<'a>,
-    loader: Loader,
-}
-
-impl<'a> Apart<'a> {
-    fn start(servers: &'a Servers, policy: &str, connections: u32) -> anyhow::Result<Apart<'a>> {
-        let layout = Layout::GeneratorApart;
-        let (tollgate, empty) = layout.start_servers(|| {
-            Ok((
-                Stand::start(servers, Backend::Memory, policy, "deny")?,
-                EmptyProcess::start()?,
-            ))
-        })?;
-        let loader = layout.start_generator(Loader::new)?;
-        let pair = Pair::connect(tollgate, empty, &loader, connections)?;
-        Ok(Apart { pair, loader })
-    }
 }
 
 const KEY: &str = "user";
@@ -254,11 +173,6 @@ impl Scenario for GrpcFloor {
         bench.servers.ensure(Backend::Memory);
         let (servers, mut tools) = bench.split();
         let shared = Pair::start(servers, &policy, tools.loader, options.connections)?;
-        // A machine with one CPU has nothing to set apart.
-        let apart = match crate::proc::online_cpus() {
-            0..=1 => None,
-            _ => Some(Apart::start(servers, &policy, options.connections)?),
-        };
         let shape = uniform_shape(vec![KEY.to_owned()], options.keys);
         let phase = |rate, duration| Phase {
             shape: Arc::clone(&shape),
@@ -269,44 +183,28 @@ impl Scenario for GrpcFloor {
         for c in &shared.connections {
             tools.loader.drive(c, &phase(None, tools.scale.warmup))?;
         }
-        if let Some(apart) = &apart {
-            for c in &apart.pair.connections {
-                apart.loader.drive(c, &phase(None, tools.scale.warmup))?;
-            }
-        }
         let servers = [Server::Tollgate, Server::Empty];
         for run in 1..=tools.scale.runs {
-            let order = rotation(run, servers.len());
-            let mut measure = |pair: &Pair,
-                               loader: &Loader,
-                               index: usize,
-                               target_rate: Option<f64>,
-                               apart: bool,
-                               quiet: bool|
-             -> anyhow::Result<f64> {
+            for index in rotation(run, servers.len()) {
                 let server = servers[index];
-                let before = (pair.cpu_seconds(server)?, crate::proc::own_cpu_seconds()?);
-                let load = loader.drive(
-                    &pair.connections[index],
-                    &phase(target_rate, tools.scale.duration),
+                let before = shared.cpu_seconds(server)?;
+                let load = tools.loader.drive(
+                    &shared.connections[index],
+                    &phase(None, tools.scale.duration),
                 )?;
-                let cpu_seconds = pair.cpu_seconds(server)? - before.0;
-                let generator_cpu_seconds = crate::proc::own_cpu_seconds()? - before.1;
+                let cpu_seconds = shared.cpu_seconds(server)? - before;
                 if load.decisions == 0 {
                     bail!(
                         "the {} decided nothing: {:?}\n{}",
                         server.label(),
                         load.errors_by_code,
-                        pair.tollgate.tollgate.log()
+                        shared.tollgate.tollgate.log()
                     );
                 }
-                let rate = load.decisions_per_second;
                 say(&format!(
-                    "  grpc-floor run {run} {}{}{}: {}/s, p99 {} ms",
+                    "  grpc-floor run {run} {}: {}/s, p99 {} ms",
                     server.label(),
-                    if apart { ", apart" } else { "" },
-                    target_rate.map_or(String::new(), |r| format!(" at {}/s", count(Some(r)))),
-                    count(Some(rate)),
+                    count(Some(load.decisions_per_second)),
                     ms(Some(load.latency_us.p99)),
                 ));
                 tools.records.record(
@@ -315,48 +213,12 @@ impl Scenario for GrpcFloor {
                         server,
                         run,
                         concurrency: options.concurrency,
-                        target_rate,
                         load,
                         cpu_seconds,
-                        generator_cpu_seconds,
-                        apart,
-                        quiet,
                     },
                 )?;
-                Ok(rate)
-            };
-            let mut placements = vec![(&shared, tools.loader, false)];
-            if let Some(apart) = &apart {
-                placements.push((&apart.pair, &apart.loader, true));
-            }
-            for (pair, loader, is_apart) in placements {
-                let _pinned = match is_apart {
-                    true => Layout::GeneratorApart.apply(&pair.pids()?, &[])?,
-                    false => None,
-                };
-                let mut tollgate_peak = 0.0;
-                for index in order.clone() {
-                    let rate = measure(pair, loader, index, None, is_apart, false)?;
-                    if index == 0 {
-                        tollgate_peak = rate;
-                    }
-                }
-                for index in order.clone() {
-                    measure(
-                        pair,
-                        loader,
-                        index,
-                        Some(tollgate_peak / 2.0),
-                        is_apart,
-                        false,
-                    )?;
-                }
-                for index in order.clone() {
-                    measure(pair, loader, index, Some(QUIET_RATE), is_apart, true)?;
-                }
             }
         }
-        drop(apart);
         h2load_runs(&shared, &mut tools, &options.h2load)
     }
 
@@ -424,22 +286,16 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "### tollgate against an empty RLS server\n\n{} One descriptor per request, values drawn \
-         uniformly, {} calls in flight. The empty server is the same gRPC service on the same \
-         transport answering OK without deciding, in a process of its own; each run measures \
-         both closed loop, alternating which goes first, then both open loop at half of \
-         tollgate's peak in that run, then both open loop at {}/s, far below either peak, where \
-         no call should find another queued: its latency is the round trip itself (the \
-         generator's part and the machine's scheduling included), the floor under the latency \
-         at half of the peak. CPU: the server process's, per decision; in open loop, the cores \
-         the server and the load generator kept busy on average, of the machine's {}.\n",
+        "### tollgate against a stock tonic server\n\n{} One descriptor per request, values \
+         drawn uniformly, {} calls in flight, closed loop. The empty server is a stock tonic \
+         server (tonic's generated service on `tonic::transport::Server`, tokio's default \
+         runtime) answering OK without deciding, in a process of its own; each run measures \
+         both, alternating which goes first. CPU: the server process's, per decision.\n",
         measured(&conditions),
         first.concurrency,
-        count(Some(QUIET_RATE)),
-        conditions.machine.cpus,
     );
-    out.push_str(&peak_table(&runs, false));
-    let closed = |server: Server| move |r: &FloorRun| r.is(server, Point::Peak, false);
+    out.push_str(&peak_table(&runs));
+    let closed = |server: Server| move |r: &FloorRun| r.server == server;
     let ratios = run_ratios(
         &runs,
         |r| r.run,
@@ -449,28 +305,10 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     );
     let _ = writeln!(
         out,
-        "\ntollgate ÷ empty server, the median of the runs' ratios: {}.\n",
+        "\ntollgate ÷ empty server, the median of the runs' ratios: {}.",
         times_by_run(&ratios),
     );
-    out.push_str(&open_loop_table(&runs, false));
     render_h2load(&records_of(records, "h2load")?, &mut out);
-    if runs.iter().any(|r| r.apart) {
-        let _ = writeln!(
-            out,
-            "\nApart: a second tollgate and empty server, started on CPU 0 (so each sizes its \
-             runtime to that one CPU, as a sidecar limited to one CPU does), and a load generator \
-             of their own on {}; closed loop for each server's peak on its one CPU, then open \
-             loop at half of tollgate's peak apart, so a call waits for the server alone and not \
-             for a core the generator holds.\n",
-            match conditions.machine.cpus {
-                0..=2 => "CPU 1".to_owned(),
-                cpus => format!("CPUs 1–{}", cpus - 1),
-            },
-        );
-        out.push_str(&peak_table(&runs, true));
-        out.push('\n');
-        out.push_str(&open_loop_table(&runs, true));
-    }
     Ok(out)
 }
 
@@ -521,10 +359,10 @@ fn render_h2load(runs: &[FloorH2LoadRun], out: &mut String) {
     );
 }
 
-/// The closed-loop peaks of both servers, sharing the cores with the generator or apart from it.
-fn peak_table(runs: &[FloorRun], apart: bool) -> String {
+/// The closed-loop peaks of both servers.
+fn peak_table(runs: &[FloorRun]) -> String {
     let mut table = Table::new(&[
-        (if apart { "server, apart" } else { "server" }, Align::Left),
+        ("server", Align::Left),
         ("decisions/s", Align::Right),
         ("min–max", Align::Right),
         ("p50 ms", Align::Right),
@@ -532,10 +370,7 @@ fn peak_table(runs: &[FloorRun], apart: bool) -> String {
         ("CPU µs/decision", Align::Right),
     ]);
     for server in [Server::Tollgate, Server::Empty] {
-        let runs: Vec<&FloorRun> = runs
-            .iter()
-            .filter(|r| r.is(server, Point::Peak, apart))
-            .collect();
+        let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.server == server).collect();
         let mut row = vec![server.label().to_owned()];
         row.extend(load_cells(runs.iter().map(|r| &r.load)));
         row.push(per_decision_cell(
@@ -546,120 +381,9 @@ fn peak_table(runs: &[FloorRun], apart: bool) -> String {
     table.render()
 }
 
-/// The open-loop rows of both servers, sharing the cores with the generator or apart from it.
-fn open_loop_table(runs: &[FloorRun], apart: bool) -> String {
-    let mut table = Table::new(&[
-        (
-            if apart {
-                "server, open loop, apart"
-            } else {
-                "server, open loop"
-            },
-            Align::Left,
-        ),
-        ("target/s", Align::Right),
-        ("achieved/s", Align::Right),
-        ("p50 ms", Align::Right),
-        ("p90 ms", Align::Right),
-        ("p99 ms", Align::Right),
-        ("p99.9 ms", Align::Right),
-        ("server cores", Align::Right),
-        ("generator cores", Align::Right),
-    ]);
-    for (point, server) in [Point::Half, Point::Quiet]
-        .into_iter()
-        .flat_map(|point| [(point, Server::Tollgate), (point, Server::Empty)])
-    {
-        let runs: Vec<&FloorRun> = runs.iter().filter(|r| r.is(server, point, apart)).collect();
-        if runs.is_empty() {
-            // Records from before the quiet point was measured.
-            continue;
-        }
-        table.row(vec![
-            server.label().to_owned(),
-            count(median(runs.iter().filter_map(|r| r.target_rate))),
-            count(median(runs.iter().map(|r| r.load.decisions_per_second))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p50))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p90))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p99))),
-            ms(median(runs.iter().map(|r| r.load.latency_us.p99_9))),
-            fixed(median(runs.iter().filter_map(|r| r.cores().0)), 2),
-            fixed(median(runs.iter().filter_map(|r| r.cores().1)), 2),
-        ]);
-    }
-    table.render()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::summary::LatencyUs;
-
-    fn open_run(server: Server, run: u32, rate: f64, p99_us: f64, quiet: bool) -> FloorRun {
-        let latency_us = LatencyUs {
-            min: 100.0,
-            mean: 500.0,
-            p50: 400.0,
-            p90: 800.0,
-            p99: p99_us,
-            p99_9: 2.0 * p99_us,
-            max: 3.0 * p99_us,
-        };
-        FloorRun {
-            server,
-            run,
-            concurrency: 128,
-            target_rate: Some(rate),
-            load: Summary {
-                elapsed_seconds: 5.0,
-                requests: (rate * 5.0) as u64,
-                ok: (rate * 5.0) as u64,
-                over_limit: 0,
-                unknown: 0,
-                errors: 0,
-                errors_by_code: Default::default(),
-                decisions: (rate * 5.0) as u64,
-                decisions_per_second: rate,
-                requests_per_second: rate,
-                latency_us,
-            },
-            cpu_seconds: 1.0,
-            generator_cpu_seconds: 1.0,
-            apart: false,
-            quiet,
-        }
-    }
-
-    #[test]
-    fn open_loop_rows_give_half_the_peak_then_the_quiet_rate_per_server() {
-        let runs = [
-            open_run(Server::Tollgate, 1, 26_000.0, 4_000.0, false),
-            open_run(Server::Empty, 1, 26_000.0, 3_500.0, false),
-            open_run(Server::Tollgate, 1, QUIET_RATE, 1_500.0, true),
-            open_run(Server::Empty, 1, QUIET_RATE, 1_250.0, true),
-        ];
-        let table = open_loop_table(&runs, false);
-        let rows: Vec<(&str, &str, &str)> = table
-            .lines()
-            .skip(2)
-            .map(|line| {
-                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-                (cells[1], cells[2], cells[6])
-            })
-            .collect();
-        assert_eq!(
-            rows,
-            [
-                ("tollgate, memory backend", "26,000", "4.00"),
-                ("empty RLS server", "26,000", "3.50"),
-                ("tollgate, memory backend", "2,000", "1.50"),
-                ("empty RLS server", "2,000", "1.25"),
-            ],
-            "{table}"
-        );
-        // Records from before the quiet point give the rows at half of the peak alone.
-        assert_eq!(open_loop_table(&runs[..2], false).lines().count(), 4);
-    }
 
     #[test]
     fn h2load_runs_give_a_table_and_the_ratio_of_each_run() {

@@ -244,11 +244,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "### One hot limit on the cluster, unsharded and sharded\n"
-    );
-    let _ = writeln!(
-        out,
-        "{} Every request carries one descriptor with the same value, so every call hits one \
+        "**One hot limit on the cluster, unsharded and sharded.** {} Every request carries one descriptor with the same value, so every call hits one \
          limit ({}, far above the load: every hit is admitted and is one script call on the \
          master that owns its shard), closed loop with {} calls in flight over {} HTTP/2 \
          connections, against the Redis Cluster of three masters and three replicas. Runs \
@@ -289,63 +285,11 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         let _ = writeln!(
             out,
             "`shards: {shards}` over `shards: {base}`: {} the decisions/s; the busiest master's \
-             share of the calls went from {} to {}.\n",
+             share of the calls went from {} to {}.",
             times(ratio(rate(shards), rate(base))),
             percent(share(base)),
             percent(share(shards)),
         );
     }
-
-    // Where the calls went, summed over the runs.
-    let mut masters: Vec<(u16, String)> = Vec::new();
-    for run in &runs {
-        for master in &run.masters {
-            if !masters.iter().any(|(port, _)| *port == master.port) {
-                masters.push((master.port, master.slots.clone()));
-            }
-        }
-    }
-    // In slot order, as `redis-cli --cluster create` lays the masters out.
-    masters.sort_by_key(|(port, slots)| {
-        let first_slot = slots
-            .split(['-', ' '])
-            .next()
-            .and_then(|slot| slot.parse::<u32>().ok());
-        (first_slot.unwrap_or(u32::MAX), *port)
-    });
-    let headers: Vec<String> = masters
-        .iter()
-        .map(|(port, slots)| {
-            if slots.is_empty() {
-                format!("master :{port}")
-            } else {
-                format!("master :{port} (slots {slots})")
-            }
-        })
-        .collect();
-    let mut columns = vec![("shards", Align::Right)];
-    columns.extend(headers.iter().map(|h| (h.as_str(), Align::Right)));
-    let mut table = Table::new(&columns);
-    for &shards in &shard_counts {
-        let mut totals: BTreeMap<u16, u64> = BTreeMap::new();
-        for run in &by_shards[&shards] {
-            for master in &run.masters {
-                *totals.entry(master.port).or_default() += master.script_calls;
-            }
-        }
-        let all: u64 = totals.values().sum();
-        let mut row = vec![shards.to_string()];
-        for (port, _) in &masters {
-            let calls = totals.get(port).copied().unwrap_or(0);
-            row.push(format!(
-                "{} ({})",
-                count(Some(calls as f64)),
-                percent(ratio(Some(calls as f64), Some(all as f64)))
-            ));
-        }
-        table.row(row);
-    }
-    let _ = writeln!(out, "Script calls per master, summed over the runs:\n");
-    out.push_str(&table.render());
     Ok(out)
 }

@@ -414,18 +414,15 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "### One hot limit shared by {} instances, leased and unleased\n",
-        first.instances
-    );
-    let _ = writeln!(
-        out,
-        "{} {} tollgate processes share one limit of {} hits a minute (`shards: {}`), above what \
-         the load reaches, so every hit is admitted; closed loop with {} calls in flight spread \
+        "**One hot limit shared by {} instances, leased and unleased.** {} {} tollgate \
+         processes share one limit of {} hits a minute (`shards: {}`), above what the load \
+         reaches, so every hit is admitted; closed loop with {} calls in flight spread \
          evenly over the instances. Unleased, each decision is one script call; leased \
          (`lease: true`), an instance answers from the slice it reserved. The memory backend's \
          instances share nothing: they are the ceiling, the same processes with no store. Script \
          calls from `INFO commandstats` on every master, reset before each run; tollgate's CPU \
          from `/proc`, Redis's from `INFO cpu`.\n",
+        first.instances,
         measured(&conditions),
         first.instances,
         count(Some(first.limit as f64)),
@@ -485,40 +482,42 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         table.row(row);
     }
     out.push_str(&table.render());
-    out.push('\n');
-    for &(algorithm, backend, leased) in &points {
-        if !leased {
-            continue;
-        }
-        let leased_rate = rate(&of(algorithm, backend, true));
-        let _ = writeln!(
-            out,
-            "{} on {}: leased {} the unleased decisions/s and {} the memory backend's.\n",
-            algorithm.name(),
-            backend.name(),
-            times(ratio(leased_rate, rate(&of(algorithm, backend, false)))),
-            times(ratio(
-                leased_rate,
-                rate(&of(algorithm, Backend::Memory, false))
-            )),
-        );
+    // One sentence for every leased point: how it compares with the same limit unleased and
+    // with the instances that share nothing.
+    let compared: Vec<String> = points
+        .iter()
+        .filter(|&&(_, _, leased)| leased)
+        .map(|&(algorithm, backend, _)| {
+            let leased_rate = rate(&of(algorithm, backend, true));
+            format!(
+                "{} on {} {} the unleased and {} the memory backend's",
+                algorithm.name(),
+                backend.name(),
+                times(ratio(leased_rate, rate(&of(algorithm, backend, false)))),
+                times(ratio(
+                    leased_rate,
+                    rate(&of(algorithm, Backend::Memory, false))
+                )),
+            )
+        })
+        .collect();
+    if !compared.is_empty() {
+        let _ = writeln!(out, "\nLeased decisions/s: {}.\n", compared.join("; "));
+    } else {
+        out.push('\n');
     }
 
     if let Some(first) = overload.first() {
         let _ = writeln!(
             out,
-            "#### Twice the limit from {} instances\n",
-            first.instances
-        );
-        let _ = writeln!(
-            out,
-            "A limit of {} hits a second, offered {}/s open loop spread over the instances, \
+            "**Twice the limit from {} instances.** A limit of {} hits a second, offered {}/s open loop spread over the instances, \
              after a warmup that fills the window. *Allowed* is the limit's rate times the run's \
              length, from its first call sent to its last answer: what a sliding window log \
              admits at a steady overload (no window ever holds more than the limit), while the \
              counter admits what its estimate lets through. The warmup lasts at least one \
              window. The local over-limit cache is on \
              (`--local-cache-bytes 8MiB`).\n",
+            first.instances,
             count(Some(first.limit_per_second as f64)),
             count(Some(first.offered_per_second)),
         );

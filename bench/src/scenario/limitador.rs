@@ -557,8 +557,9 @@ fn cost_cells(runs: impl IntoIterator<Item = (Cost, u64)>) -> [String; 3] {
     ]
 }
 
-/// A line "`lead` ÷ <limitador storage>, the median of the runs' ratios: …" for each storage of
-/// limitador that `runs` measured beside tollgate; `of` names a run's server and number.
+/// One line "`lead` ÷ limitador, the median of the runs' ratios: …" giving the ratio to each
+/// storage of limitador that `runs` measured beside tollgate; `of` names a run's server and
+/// number.
 fn write_ratios<R>(
     out: &mut String,
     lead: &str,
@@ -566,6 +567,7 @@ fn write_ratios<R>(
     of: impl Fn(&R) -> (Server, u32),
     rate: impl Fn(&R) -> f64,
 ) {
+    let mut each = Vec::new();
     for other in [Server::LimitadorRedis, Server::LimitadorRedisCached] {
         let ratios = run_ratios(
             runs,
@@ -575,13 +577,16 @@ fn write_ratios<R>(
             &rate,
         );
         if !ratios.is_empty() {
-            let _ = writeln!(
-                out,
-                "\n{lead} ÷ {}, the median of the runs' ratios: {}.",
-                other.label(),
-                times_by_run(&ratios),
-            );
+            let storage = other.label().trim_start_matches("limitador, ");
+            each.push(format!("{storage}, {}", times_by_run(&ratios)));
         }
+    }
+    if !each.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{lead} ÷ limitador, the median of the runs' ratios: {}.",
+            each.join("; "),
+        );
     }
 }
 
@@ -630,8 +635,8 @@ mod tests {
         );
         assert!(
             out.contains(
-                "Under h2load, tollgate ÷ limitador, redis (fixed window), the median of the \
-                 runs' ratios: 2.75× (runs: 3.00×, 2.50×)."
+                "Under h2load, tollgate ÷ limitador, the median of the runs' ratios: redis \
+                 (fixed window), 2.75× (runs: 3.00×, 2.50×)."
             ),
             "{out}"
         );

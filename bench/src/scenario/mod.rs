@@ -13,7 +13,6 @@
 
 pub mod accuracy;
 pub mod attack;
-pub mod connections;
 pub mod cost;
 pub mod grpc_floor;
 pub mod hotkey;
@@ -23,10 +22,7 @@ pub mod limitador;
 pub mod matrix;
 pub mod memory;
 pub mod overload;
-pub mod profile;
-pub mod redis_bound;
 pub mod redis_cpu;
-pub mod workers;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -54,7 +50,7 @@ use crate::stand::Servers;
 /// The scenarios, by the name the command line, the records and the report use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum ScenarioName {
-    /// Backend × algorithm × shards × concurrency, beside the redis-benchmark ceiling.
+    /// Backend × algorithm × shards × concurrency: the peak and CPU per decision.
     Matrix,
     /// One hot limit on the cluster, unsharded and sharded.
     Hotkey,
@@ -76,14 +72,6 @@ pub enum ScenarioName {
     GrpcFloor,
     /// tollgate against Kuadrant's limitador-server on the same Redis.
     Limitador,
-    /// How many connections to keep to one Redis server.
-    Connections,
-    /// tollgate against redis-benchmark when Redis is what runs out.
-    RedisBound,
-    /// How tollgate's workers should be laid out on the Redis path.
-    Workers,
-    /// Where a decision's CPU goes in tollgate and the empty server, sampled by perf.
-    Profile,
     /// Instructions per call of tollgate, the empty server and redis-server's scripts, counted
     /// by callgrind.
     Instructions,
@@ -91,7 +79,7 @@ pub enum ScenarioName {
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 16] = [
+    pub const ALL: [ScenarioName; 12] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -103,12 +91,17 @@ impl ScenarioName {
         ScenarioName::Lease,
         ScenarioName::GrpcFloor,
         ScenarioName::Limitador,
-        ScenarioName::Connections,
-        ScenarioName::RedisBound,
-        ScenarioName::Workers,
-        ScenarioName::Profile,
         ScenarioName::Instructions,
     ];
+
+    /// The page of `docs/` its section goes on: the accuracy of the algorithms beside their
+    /// explanation, every other section on the performance page.
+    pub fn page(self) -> &'static str {
+        match self {
+            ScenarioName::Accuracy => "algorithms.md",
+            _ => "performance.md",
+        }
+    }
 
     /// The name in records, file names and report markers.
     pub fn name(self) -> &'static str {
@@ -124,10 +117,6 @@ impl ScenarioName {
             ScenarioName::Lease => "lease",
             ScenarioName::GrpcFloor => "grpc-floor",
             ScenarioName::Limitador => "limitador",
-            ScenarioName::Connections => "connections",
-            ScenarioName::RedisBound => "redis-bound",
-            ScenarioName::Workers => "workers",
-            ScenarioName::Profile => "profile",
             ScenarioName::Instructions => "instructions",
         }
     }
@@ -147,10 +136,6 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Lease => Box::new(lease::Lease::new(defaults())),
         ScenarioName::GrpcFloor => Box::new(grpc_floor::GrpcFloor::new(defaults())),
         ScenarioName::Limitador => Box::new(limitador::Limitador::new(defaults())),
-        ScenarioName::Connections => Box::new(connections::Connections::new(defaults())),
-        ScenarioName::RedisBound => Box::new(redis_bound::RedisBound::new(defaults())),
-        ScenarioName::Workers => Box::new(workers::WorkersScenario::new(defaults())),
-        ScenarioName::Profile => Box::new(profile::Profile::new(defaults())),
         ScenarioName::Instructions => Box::new(instructions::Instructions::new(defaults())),
     }
 }
@@ -196,13 +181,6 @@ pub trait Scenario {
     /// The report section of this scenario's `records` (every record of one run of it, its
     /// [`Conditions`] among them), in Markdown.
     fn render(&self, records: &[Value]) -> anyhow::Result<String>;
-
-    /// Files the section links to, drawn from what the scenario left in `results_dir` beside
-    /// its records: each a file name and its text, which the report writes into a
-    /// `flamegraphs/` directory beside itself.
-    fn figures(&self, _results_dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
-        Ok(Vec::new())
-    }
 }
 
 /// How long and how often to measure, shared by every scenario.
@@ -382,11 +360,6 @@ impl Recorder {
             records: Vec::new(),
             out: None,
         }
-    }
-
-    /// The directory the records go to, where a scenario keeps what else it measured.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     fn begin(&mut self, scenario: &str) -> anyhow::Result<()> {
@@ -705,22 +678,6 @@ pub fn load_cells<'a>(loads: impl IntoIterator<Item = &'a Summary>) -> [String; 
     ]
 }
 
-/// The six cells of a set of runs against Redis, under the columns of [`load_cells`] and then
-/// the server's and Redis's CPU per decision: each run given as what the load generator saw,
-/// the server's CPU seconds and Redis's.
-pub fn served_cells<'a>(runs: impl IntoIterator<Item = (&'a Summary, f64, f64)>) -> Vec<String> {
-    let runs: Vec<(&Summary, f64, f64)> = runs.into_iter().collect();
-    let mut cells = Vec::from(load_cells(runs.iter().map(|&(load, _, _)| load)));
-    cells.push(per_decision_cell(
-        runs.iter()
-            .map(|&(load, server, _)| (server, load.decisions)),
-    ));
-    cells.push(per_decision_cell(
-        runs.iter().map(|&(load, _, redis)| (redis, load.decisions)),
-    ));
-    cells
-}
-
 /// The cell of a CPU-per-decision column (`… CPU µs/decision`): over a set of runs, each a
 /// pair of CPU seconds and the decisions they were spent on, the median of their microseconds
 /// per decision, to a tenth; a run without decisions has none to give.
@@ -737,34 +694,6 @@ pub fn per_decision_cell(runs: impl IntoIterator<Item = (f64, u64)>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn served_cells_are_the_medians_of_the_runs_and_the_range_of_their_rates() {
-        let load = |decisions: u64, p50: f64, p99: f64| -> Summary {
-            serde_json::from_value(serde_json::json!({
-                "elapsed_seconds": 1.0, "requests": decisions, "ok": decisions,
-                "over_limit": 0, "unknown": 0, "errors": 0, "errors_by_code": {},
-                "decisions": decisions, "decisions_per_second": decisions as f64,
-                "requests_per_second": decisions as f64,
-                "latency_us": {"min": 1.0, "mean": p50, "p50": p50, "p90": p99, "p99": p99,
-                               "p99_9": p99, "max": p99},
-            }))
-            .unwrap()
-        };
-        // Three one-second runs: (load, server CPU s, Redis CPU s).
-        let runs = [
-            (load(10_000, 1_000.0, 3_000.0), 0.2, 0.1),
-            (load(12_000, 1_200.0, 2_500.0), 0.36, 0.12),
-            (load(11_000, 1_100.0, 4_000.0), 0.275, 0.22),
-        ];
-        let cells = served_cells(runs.iter().map(|(l, server, redis)| (l, *server, *redis)));
-        assert_eq!(
-            cells,
-            ["11,000", "10,000–12,000", "1.10", "3.00", "25.0", "10.0"]
-        );
-        // A run without decisions has no CPU per decision to give, and none is invented.
-        assert_eq!(per_decision_cell([(0.5, 0)]), crate::doc::NONE);
-    }
 
     #[test]
     fn every_scenario_has_defaults_and_its_name() {

@@ -224,10 +224,9 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let first = &runs[0];
     let bounds = distinct(runs.iter().map(|run| run.bound));
     let mut out = String::new();
-    let _ = writeln!(out, "### Twice the saturation rate\n");
     let _ = writeln!(
         out,
-        "{} Backend {}, `--backend-timeout 50ms`, one descriptor with values drawn uniformly from \
+        "**Twice the saturation rate.** {} Backend {}, `--backend-timeout 50ms`, one descriptor with values drawn uniformly from \
          10,000 keys, under a limit no load reaches (`--failure-mode deny`, so a decision that \
          missed its deadline shows as *late*). Redis is held to {:.0}% of a CPU (stopped and \
          resumed in 5 ms cycles), a slow backend: what saturates is the backend, the case where \

@@ -6,19 +6,15 @@
 //! same request over and over (one descriptor value, answered OK, as in grpc-floor); after a
 //! warm-up, `callgrind_control` turns counting on for a fixed number of calls and off again, and
 //! the dump's total over the calls answered is the server's instructions per call. The servers:
-//! the empty server, the same on tollgate's own path for the call (so that what the decision
-//! adds is a difference on one gRPC path), tollgate on the memory backend as it starts by
+//! the empty server (a stock tonic server), tollgate on the memory backend as it starts by
 //! default, tollgate with one part turned off (the local over-limit cache, the per-limit
 //! statistics), so that what each part costs a call is a difference measured in the same run,
 //! and tollgate on one Redis (its own instructions only: redis-server is another process).
-//! Beside them, what one script call costs redis-server itself ([`scripts`]).
 //!
 //! Instructions are not time: callgrind counts only the server's own user-space instructions,
 //! one thread at a time, so what the kernel does for a call, cache misses and waits on other
 //! cores are not in them. They are what a change to the code changes, and they do not drift:
 //! runs of one build agree to a fraction of a percent.
-
-mod scripts;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -29,14 +25,12 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use self::scripts::{Calls, Script, ScriptRun, WARM_UP_CALLS, count_script, render_scripts};
-use crate::ceiling::redis_benchmark_bin;
 use crate::doc::{Align, Table, count, count_range, median, opening, plural, range};
 use crate::empty::EmptyProcess;
 use crate::h2load::{H2Load, H2LoadOptions};
 use crate::scenario::{
     Algorithm, Bench, DOMAIN, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, policy,
-    records_of, runs_of, say,
+    runs_of, say,
 };
 use crate::stand::{Backend, MeasuredServer, Stand};
 
@@ -79,8 +73,6 @@ impl Instructions {
 pub enum Server {
     /// The empty RLS server.
     Empty,
-    /// The empty RLS server on tollgate's own path for the call (`--unary`).
-    EmptyUnary,
     /// tollgate on the memory backend, as it starts by default.
     Tollgate,
     /// The same, with `--local-cache-bytes 0`.
@@ -92,9 +84,8 @@ pub enum Server {
 }
 
 impl Server {
-    const ALL: [Server; 6] = [
+    const ALL: [Server; 5] = [
         Server::Empty,
-        Server::EmptyUnary,
         Server::Tollgate,
         Server::TollgateNoLocalCache,
         Server::TollgateNoStats,
@@ -104,7 +95,6 @@ impl Server {
     fn label(self) -> &'static str {
         match self {
             Server::Empty => "empty RLS server",
-            Server::EmptyUnary => "empty RLS server, tollgate's own call path",
             Server::Tollgate => "tollgate, memory backend, defaults",
             Server::TollgateNoLocalCache => "tollgate, `--local-cache-bytes 0`",
             Server::TollgateNoStats => "tollgate, `DISABLE_STATS=true`",
@@ -122,7 +112,7 @@ impl Server {
             })
         };
         match self {
-            Server::Empty | Server::EmptyUnary => None,
+            Server::Empty => None,
             Server::Tollgate => start(Backend::Memory, &[], &[]),
             Server::TollgateNoLocalCache => {
                 start(Backend::Memory, &["--local-cache-bytes", "0"], &[])
@@ -135,7 +125,6 @@ impl Server {
     fn file_stem(self) -> &'static str {
         match self {
             Server::Empty => "empty",
-            Server::EmptyUnary => "empty-unary",
             Server::Tollgate => "tollgate",
             Server::TollgateNoLocalCache => "tollgate-no-local-cache",
             Server::TollgateNoStats => "tollgate-no-stats",
@@ -180,7 +169,6 @@ impl Scenario for Instructions {
     fn unavailable(&self) -> Option<String> {
         callgrind_tools()
             .and_then(|_| H2Load::new(H2Load::one_descriptor(DOMAIN, KEY, "0")))
-            .and_then(|_| redis_benchmark_bin())
             .err()
             .map(|error| format!("{error:#}"))
     }
@@ -218,10 +206,7 @@ impl Scenario for Instructions {
                     _ => None,
                 };
                 let process: Box<dyn MeasuredServer> = match start {
-                    None => Box::new(EmptyProcess::start_under(
-                        &under,
-                        server == Server::EmptyUnary,
-                    )?),
+                    None => Box::new(EmptyProcess::start_under(&under)?),
                     Some(start) => {
                         // Under callgrind a call takes far longer than the default 50ms backend
                         // deadline allows at 128 calls in flight; a missed deadline answers by the
@@ -292,24 +277,6 @@ impl Scenario for Instructions {
                     count(Some(record.per_call())),
                 ));
                 tools.records.record("run", &record)?;
-            }
-            let script_calls = Calls {
-                warm_up: if tools.scale.quick {
-                    (calls / 5).max(100)
-                } else {
-                    WARM_UP_CALLS
-                },
-                counted: calls,
-            };
-            for script in Script::ALL {
-                let record =
-                    count_script(&valgrind, &control, dumps.path(), script, run, script_calls)?;
-                say(&format!(
-                    "  instructions run {run} redis-server, {}: {} a call",
-                    script.label(),
-                    count(Some(record.per_call())),
-                ));
-                tools.records.record("script", &record)?;
             }
         }
         Ok(())
@@ -415,31 +382,6 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         UNDER_VALGRIND_DEADLINE,
     );
     render_counts(&runs, &mut out);
-    let scripts: Vec<ScriptRun> = records_of(records, "script")?;
-    if !scripts.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n#### Instructions per script call, in redis-server\n\nEach script on a \
-             redis-server of its own under callgrind, sent by redis-benchmark ({} connections, \
-             one call in flight each, {} keys) after a warm-up of {} calls, so that what is \
-             counted is the work on keys that hold data rather than their creation; counted: the \
-             server's instructions over {} calls, the script's commands and also \
-             reading, parsing and answering each call, which `INFO commandstats` leaves out. A \
-             count stands only if Redis ran every call counted and none failed. The minimal \
-             script and the log's commands are the floors of *Redis CPU per decision*, every \
-             number printed as an integer as the log prints them; *in one key*: the same \
-             commands with the sum and the last id kept as two members of the sorted set, scored \
-             below every entry, so that one `ZADD` and one `PEXPIRE` replace `ZADD`, `HSET` and \
-             two `PEXPIRE`s. The decisions are the files tollgate embeds, run as one Lua \
-             function whose keys derive from the one key sent, with the arguments of a hit of \
-             cost 1 under a limit no load reaches.\n",
-            scripts::CONNECTIONS,
-            count(Some(10_000.0)),
-            count(median(scripts.iter().map(|r| r.warm_up as f64))),
-            count(median(scripts.iter().map(|r| r.calls as f64))),
-        );
-        render_scripts(&scripts, &mut out);
-    }
     Ok(out)
 }
 
@@ -487,56 +429,43 @@ fn render_counts(runs: &[InstructionsRun], out: &mut String) {
     if let (Some(tollgate), Some(empty)) = (per_call(Server::Tollgate), empty) {
         let _ = writeln!(
             out,
-            "\nempty server ÷ tollgate, in instructions per call: {:.3}. Were a call's cost its \
-             instructions alone, that would be tollgate's calls a second beside the empty \
-             server's; the kernel's share, the same for both, brings the measured ratio closer \
-             to 1.",
+            "\nempty server ÷ tollgate, in instructions per call: {:.3} (the kernel's share of a \
+             call, the same for both, brings a timed ratio closer to 1).",
             empty / tollgate,
         );
     }
-    let part = |without: Server, what: &str, out: &mut String| {
-        if let (Some(with), Some(without)) = (per_call(Server::Tollgate), per_call(without)) {
-            let _ = writeln!(
-                out,
-                "- {what}: {} instructions a call.",
-                count(Some(with - without))
-            );
-        }
+    // What each part costs, as differences of the same run, in one sentence.
+    let tollgate = per_call(Server::Tollgate);
+    let difference = |with: Option<f64>, without: Option<f64>, what: &str| {
+        with.zip(without)
+            .map(|(with, without)| format!("{what} {}", count(Some(with - without))))
     };
-    out.push_str("\nWhat parts of the decision cost, by difference:\n\n");
-    if let (Some(tollgate), Some(floor)) =
-        (per_call(Server::Tollgate), per_call(Server::EmptyUnary))
-    {
+    let parts: Vec<String> = [
+        difference(
+            tollgate,
+            per_call(Server::TollgateNoLocalCache),
+            "the local over-limit cache (on by default with the memory backend)",
+        ),
+        difference(
+            tollgate,
+            per_call(Server::TollgateNoStats),
+            "the per-limit statistics",
+        ),
+        difference(
+            per_call(Server::TollgateRedis),
+            tollgate,
+            "one Redis in place of the memory backend (tollgate's own instructions: the Redis \
+             client, its connection's task, the script call; not redis-server's)",
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !parts.is_empty() {
         let _ = writeln!(
             out,
-            "- the decision itself, beside the empty server on the same gRPC path (tollgate's \
-             own: `src/server/direct.rs`, `src/server/unary.rs`): {} instructions a call.",
-            count(Some(tollgate - floor))
-        );
-    }
-    if let (Some(empty), Some(floor)) = (empty, per_call(Server::EmptyUnary)) {
-        let _ = writeln!(
-            out,
-            "- not a part of the decision: tonic's router and generated unary path, which \
-             tollgate's RLS call does without, cost the empty server {} instructions a call more.",
-            count(Some(empty - floor))
-        );
-    }
-    part(
-        Server::TollgateNoLocalCache,
-        "the local over-limit cache (on by default with the memory backend)",
-        out,
-    );
-    part(Server::TollgateNoStats, "the per-limit statistics", out);
-    if let (Some(redis), Some(memory)) =
-        (per_call(Server::TollgateRedis), per_call(Server::Tollgate))
-    {
-        let _ = writeln!(
-            out,
-            "- one Redis in place of the memory backend, in tollgate's own instructions (the \
-             Redis client, its connection's task, the script call; redis-server's work is not \
-             counted): {} a call.",
-            count(Some(redis - memory))
+            "\nWhat parts of the decision cost a call, by difference: {}.",
+            parts.join("; ")
         );
     }
 }
@@ -559,7 +488,6 @@ mod tests {
         let mut runs = Vec::new();
         for r in 1..=3 {
             runs.push(run(Server::Empty, r, 50_000_000 + u64::from(r) * 1_000));
-            runs.push(run(Server::EmptyUnary, r, 47_000_000));
             runs.push(run(Server::Tollgate, r, 60_000_000));
             runs.push(run(Server::TollgateNoLocalCache, r, 59_000_000));
             runs.push(run(Server::TollgateNoStats, r, 59_500_000));
@@ -578,38 +506,19 @@ mod tests {
             "{section}"
         );
         assert!(
-            section.contains("in instructions per call: 0.833."),
-            "{section}"
-        );
-        assert!(
-            section.contains("the local over-limit cache (on by default with the memory backend): 1,000 instructions a call."),
-            "{section}"
-        );
-        assert!(
-            section.contains("the per-limit statistics: 500 instructions a call."),
-            "{section}"
-        );
-        assert!(
-            section.contains("`src/server/unary.rs`): 13,000 instructions a call."),
-            "{section}"
-        );
-        assert!(
-            section.contains("(tollgate's own: `src/server/direct.rs`"),
-            "{section}"
-        );
-        assert!(
-            section.contains("cost the empty server 3,002 instructions a call more."),
+            section.contains("in instructions per call: 0.833 ("),
             "{section}"
         );
         assert!(
             section.contains(
-                "| empty RLS server, tollgate's own call path | 47,000 | 47,000–47,000 | -3,002 |"
+                "the local over-limit cache (on by default with the memory backend) 1,000;"
             ),
             "{section}"
         );
         assert!(
-            section.contains("redis-server's work is not counted): 15,000 a call."),
+            section.contains("the per-limit statistics 500;"),
             "{section}"
         );
+        assert!(section.contains("not redis-server's) 15,000."), "{section}");
     }
 }

@@ -12,32 +12,24 @@
 //! a minimal script (`TIME`, `HINCRBY`, `PEXPIRE`: the least a script that counts in a window
 //! and keeps a TTL does), the commands an admitted hit of the log runs with no decision between
 //! them, and the commands envoyproxy/ratelimit sends per decision (`INCRBY` and `EXPIRE`, no
-//! script), whose microseconds per decision are the sum of the two. Beside them, how the script is
-//! called: the same decision code by `EVALSHA`, by `FCALL`, one limit a call pipelined, and two
-//! limits in one call (see [`invocation`]).
-
-pub mod invocation;
+//! script), whose microseconds per decision are the sum of the two.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::Command;
-use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_testkit::redis::RedisServer;
 
-use self::invocation::InvocationRun;
-
-use crate::ceiling::redis_benchmark_bin;
 use crate::doc::{Align, Table, count, fixed, measured, median, percent};
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
     micros_per, policy, records_of, runs_of, say, uniform_shape,
 };
-use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats, cpu_seconds};
+use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats};
 
 /// The minimal script of the floor: count one unit in a window's field and keep a TTL.
 pub const MINIMAL_SCRIPT: &str = "local now = redis.call('TIME') \
@@ -71,7 +63,7 @@ pub struct RedisCpuOptions {
     pub backends: Vec<Backend>,
 
     /// Shard counts, comma-separated.
-    #[arg(long = "shards", value_delimiter = ',', default_values_t = [1u16, 8])]
+    #[arg(long = "shards", value_delimiter = ',', default_values_t = [1u16])]
     pub shards: Vec<u16>,
 
     /// Descriptors per request of the admitted traffic, comma-separated (each a limit of its own;
@@ -283,51 +275,25 @@ fn script_totals(nodes: &Nodes<'_>) -> anyhow::Result<CommandStat> {
     Ok(total)
 }
 
-/// What one redis-benchmark run against the single server measured.
-pub struct Benchmarked {
-    /// Its `INFO commandstats`, reset before the run.
-    pub stats: BTreeMap<String, CommandStat>,
-    /// CPU seconds of the redis-server process over the run.
-    pub redis_cpu_seconds: f64,
-    /// Wall-clock seconds of the run.
-    pub elapsed_seconds: f64,
-}
-
 /// Runs redis-benchmark with `command` `requests` times (values of `__rand_int__` below 10,000)
-/// against the single server.
+/// against the single server, one call in flight on each of `concurrency` connections, and
+/// answers its `INFO commandstats`, reset before the run.
 pub fn benchmark(
     nodes: &Nodes<'_>,
     concurrency: u32,
     requests: u64,
     command: &[&str],
-) -> anyhow::Result<Benchmarked> {
+) -> anyhow::Result<BTreeMap<String, CommandStat>> {
     let server = nodes.masters().first().context("no Redis server")?;
-    benchmark_server(server, concurrency, 1, requests, command)
-}
-
-/// Runs redis-benchmark with `command` `requests` times (values of `__rand_int__` below 10,000)
-/// against `server`, on `concurrency` connections that each send `pipeline` calls a write and
-/// wait for their answers before the next.
-pub fn benchmark_server(
-    server: &RedisServer,
-    concurrency: u32,
-    pipeline: u32,
-    requests: u64,
-    command: &[&str],
-) -> anyhow::Result<Benchmarked> {
     server.reset_stats();
-    let cpu_before = cpu_seconds(server)?;
-    let clock = Instant::now();
     let output = Command::new(redis_benchmark_bin()?)
         .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
-        .args(["-c", &concurrency.to_string(), "-P", &pipeline.to_string()])
+        .args(["-c", &concurrency.to_string()])
         .args(["-n", &requests.to_string()])
         .args(["-r", "10000", "-q"])
         .args(command)
         .output()
         .context("cannot run redis-benchmark")?;
-    let elapsed_seconds = clock.elapsed().as_secs_f64();
-    let redis_cpu_seconds = cpu_seconds(server)? - cpu_before;
     if !output.status.success() {
         bail!(
             "redis-benchmark {command:?} failed ({}): {}{}",
@@ -336,11 +302,7 @@ pub fn benchmark_server(
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    Ok(Benchmarked {
-        stats: command_stats(server)?,
-        redis_cpu_seconds,
-        elapsed_seconds,
-    })
+    command_stats(server)
 }
 
 /// Loads `script` on `server` and answers its SHA1, or an error naming `what` when Redis
@@ -389,8 +351,7 @@ fn floors(
             // the log's commands cost more the more entries its sets hold, and a set that kept
             // the last run's entries would make this floor read high beside the log's script.
             let key = format!("run{run}:{key}");
-            let stats =
-                benchmark(nodes, concurrency, requests, &["EVALSHA", sha, "1", &key])?.stats;
+            let stats = benchmark(nodes, concurrency, requests, &["EVALSHA", sha, "1", &key])?;
             out.push(Floor {
                 name: (*name).to_owned(),
                 run,
@@ -402,15 +363,13 @@ fn floors(
             concurrency,
             requests,
             &["INCRBY", "ref:__rand_int__", "1"],
-        )?
-        .stats;
+        )?;
         let expire = benchmark(
             nodes,
             concurrency,
             requests,
             &["EXPIRE", "ref:__rand_int__", "60"],
-        )?
-        .stats;
+        )?;
         out.push(Floor {
             name: "envoyproxy/ratelimit's INCRBY + EXPIRE".to_owned(),
             run,
@@ -447,18 +406,6 @@ impl Scenario for RedisCpu {
                     fixed(Some(floor.usec_per_decision), 2)
                 ));
                 bench.records.record("floor", &floor)?;
-            }
-            for run in invocation::measure(&nodes, options.concurrency, bench.scale.runs, requests)?
-            {
-                say(&format!(
-                    "  redis-cpu {} {:?} run {}: {} µs per call in the script, {:.2} s of Redis CPU",
-                    run.algorithm.name(),
-                    run.invocation,
-                    run.run,
-                    fixed(run.script_usec_per_call(), 2),
-                    run.redis_cpu_seconds,
-                ));
-                bench.records.record("invocation", &run)?;
             }
         }
         for &backend in &options.backends {
@@ -539,11 +486,6 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     }
     out.push_str(&table.render());
     out.push('\n');
-    let invocations: Vec<InvocationRun> = records_of(records, "invocation")?;
-    if !invocations.is_empty() {
-        invocation::render(&invocations, &mut out);
-        out.push('\n');
-    }
     let mut table = Table::new(&[
         ("backend", Align::Left),
         ("algorithm", Align::Left),
@@ -580,4 +522,12 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     }
     out.push_str(&table.render());
     Ok(out)
+}
+/// The `redis-benchmark` binary: `$TOLLGATE_REDIS_BENCHMARK`, else the one on the `PATH`.
+pub fn redis_benchmark_bin() -> anyhow::Result<std::path::PathBuf> {
+    crate::proc::find_tool(
+        "TOLLGATE_REDIS_BENCHMARK",
+        "redis-benchmark",
+        "it comes with the Debian package redis-tools (apt-get install redis-tools)",
+    )
 }
