@@ -9,7 +9,7 @@
 //! answers on its own), and glibc gives such a block back to its own arena under that arena's
 //! lock. With two workers, most decisions met that lock held, and waiting on it took more system
 //! calls (`futex`) than reading and writing the sockets. jemalloc returns such blocks through a
-//! per-thread cache in batches. docs/performance.md ("The allocator") has the numbers.
+//! per-thread cache in batches. docs/dev/performance-history.md ("The runtime and the allocator") has the numbers.
 
 /// jemalloc, configured by [`JEMALLOC_CONF`].
 #[cfg(feature = "jemalloc")]

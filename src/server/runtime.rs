@@ -8,7 +8,7 @@
 //! Redis at 64 calls in flight, 1.3 → 0.19 `writev` calls per decision, about 10% less CPU per
 //! decision in tollgate and 13% less in Redis. With the memory backend a decision writes only its
 //! answer; queuing saved no CPU there and cost a sixth of the decisions a second at saturation,
-//! so that runtime keeps tokio's default (docs/performance.md, "Scheduling").
+//! so that runtime keeps tokio's default (docs/dev/performance-history.md, "The runtime and the allocator").
 //!
 //! Queuing woken tasks is one of tokio's unstable options, so the build passes
 //! `--cfg tokio_unstable` (`.cargo/config.toml`). A build without it (a `RUSTFLAGS` variable
