@@ -274,6 +274,12 @@ pub struct Flags {
     /// unbounded [default: 256].
     #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
+    /// Serve ShouldRateLimit on the hand-written gRPC path; `false` serves every call through
+    /// tonic's generated service instead (the same answers, at some CPU per call), for a tonic
+    /// upgrade or a fault suspected in the fast path [default: true].
+    #[arg(long, env = "TOLLGATE_GRPC_FAST_PATH", num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub grpc_fast_path: Option<bool>,
     /// Threads that run decisions (the async runtime's workers); also TOKIO_WORKER_THREADS, or
     /// GOMAXPROCS as the reference's Go runtime reads it [default: the CPUs the process may
     /// use, a cgroup's CPU quota included].
@@ -362,6 +368,9 @@ pub struct GrpcSettings {
     pub max_connection_age: Option<Duration>,
     /// `GRPC_MAX_CONNECTION_AGE_GRACE`: how long it may then finish its calls.
     pub max_connection_age_grace: Option<Duration>,
+    /// `--grpc-fast-path`: ShouldRateLimit on the hand-written path (`false`: tonic's generated
+    /// service).
+    pub fast_path: bool,
 }
 
 /// The store.
@@ -773,6 +782,7 @@ impl Settings {
                 tls,
                 max_connection_age,
                 max_connection_age_grace,
+                fast_path: flags.grpc_fast_path.unwrap_or(true),
             },
             log: LogSettings {
                 level,
