@@ -46,7 +46,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .codec_path("crate::proto::codec::Protobuf")
         .compile_fds(descriptors)?;
     Ok(())
 }

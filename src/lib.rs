@@ -11,17 +11,21 @@
 //! one step each; the helpers a step calls out to are named where it uses them. The binary runs
 //! `Limiter<Sharded<AnyBackend>>`; the Redis backend is shown, the others branch off at step 4.
 //!
-//! 1. **Handler**, `src/server/rls.rs`. [`RlsService`], a tonic service written by hand, reads
-//!    the call's one message from the HTTP/2 body ([`server::unary`]) and decodes it with
-//!    [`decode_request`] (`src/server/wire.rs`) straight into a [`descriptor::Request`], with no
-//!    protobuf struct between, and hands it to `App::decide_since`:
+//! 1. **Handler**, `src/server/fast_path/`. [`FastPath`], a tonic service written by hand,
+//!    reads the call's one message from the HTTP/2 body ([`server::fast_path::unary`]) and
+//!    decodes it with [`decode_request`] (`src/server/fast_path/wire.rs`) straight into a
+//!    [`descriptor::Request`], with no protobuf struct between, and hands it to
+//!    `App::decide_since` (`src/server/rls.rs`):
 //!    it starts the clock, opens the decision's span, answers at once when no policies are in
 //!    force yet or too many decisions are in flight, and asks [`Limiter::should_rate_limit`] (a
 //!    [`LimiterError`] becomes `INVALID_ARGUMENT`). **Metrics are recorded** there:
 //!    [`Metrics::observe`] (`src/server/metrics.rs`) counts the overall and per-descriptor codes
 //!    and the latency. The [`Decision`] goes back to the handler, which writes the protobuf answer
-//!    from it (`write_decision`, with the field writer of `src/proto/answer.rs`) as the call's
-//!    one data frame ([`server::unary::answer`]). `POST /json`
+//!    from it (`write_decision`, with the field writer of `src/server/fast_path/answer.rs`) as
+//!    the call's one data frame ([`server::fast_path::unary::answer`]). With
+//!    `--grpc-fast-path=false` the call takes tonic's generated service instead
+//!    ([`GeneratedRls`]), to the same `App::decide_since`, through the protobuf structs.
+//!    `POST /json`
 //!    (`src/server/admin.rs`) takes [`App::decide`], the same path between the protobuf structs
 //!    (`request_from_proto`, `response_to_proto`); [`rls::decide`] is that conversion without the
 //!    metrics, for embedders and tests.
@@ -65,8 +69,9 @@
 //! and built by the same rules into a snapshot, installed with [`Limiter::set_config`] and then
 //! ACKed; a push that does not load is NACKed and the snapshot in force stays.
 //!
-//! [`RlsService`]: server::rls::RlsService
-//! [`decode_request`]: server::wire::decode_request
+//! [`FastPath`]: server::fast_path::FastPath
+//! [`GeneratedRls`]: server::rls::GeneratedRls
+//! [`decode_request`]: server::fast_path::wire::decode_request
 //! [`App::decide`]: server::App::decide
 //! [`rls::decide`]: server::rls::decide
 //! [`Limiter::should_rate_limit`]: limiter::Limiter::should_rate_limit

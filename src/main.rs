@@ -246,6 +246,7 @@ async fn serve_with(
             .map_or_else(|| "/metrics".to_owned(), |p| p.path.clone()),
         require_config: settings.healthy_with_at_least_one_config_loaded,
         metrics: metrics_options(&settings),
+        grpc_fast_path: settings.grpc.fast_path,
     };
     server::serve(Arc::new(limiter), listeners, options, termination())
         .await

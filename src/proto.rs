@@ -5,9 +5,6 @@
 
 #![allow(missing_docs, clippy::all)]
 
-pub mod answer;
-pub mod codec;
-
 /// Envoy's protobuf packages (the subset tollgate vendors).
 pub mod envoy {
     pub mod service {

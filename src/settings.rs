@@ -394,6 +394,7 @@ impl Settings {
                 tls,
                 max_connection_age,
                 max_connection_age_grace,
+                fast_path: flags.grpc_fast_path.unwrap_or(true),
             },
             log: LogSettings {
                 level,

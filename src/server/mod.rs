@@ -3,7 +3,7 @@
 //! graceful shutdown.
 
 pub mod admin;
-pub mod direct;
+pub mod fast_path;
 pub mod health;
 pub mod incoming;
 pub mod mapper;
@@ -14,8 +14,6 @@ pub mod runtime;
 pub mod stats;
 pub mod striped;
 pub mod tls;
-pub mod unary;
-pub mod wire;
 pub mod xds;
 
 use std::future::Future;
@@ -24,7 +22,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use tokio::net::{TcpListener, UnixListener};
+use tonic::codegen::{Service, http};
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 
@@ -186,6 +186,9 @@ pub struct ServeOptions {
     pub health_fail_after: Option<Duration>,
     /// How the reference-named statistics are built (mapping, near-limit ratio, cardinality cap).
     pub metrics: MetricsOptions,
+    /// Whether `ShouldRateLimit` takes the hand-written path ([`fast_path`], the default) or,
+    /// when `false`, tonic's generated service ([`rls::GeneratedRls`]), which answers alike.
+    pub grpc_fast_path: bool,
 }
 
 impl ServeOptions {
@@ -207,6 +210,7 @@ impl ServeOptions {
             metrics_path: "/metrics".into(),
             require_config: false,
             metrics: MetricsOptions::default(),
+            grpc_fast_path: true,
         }
     }
 }
@@ -397,37 +401,26 @@ pub async fn serve<B: Backend>(
     if let Some(grace) = options.max_connection_age_grace {
         builder = builder.max_connection_age_grace(grace);
     }
-    let rls = rls::RlsService::new(Arc::clone(&app));
-    let routes = Routes::new(rls.clone())
+    let routes = Routes::default()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
-    let service = direct::Direct::new(rls::SHOULD_RATE_LIMIT, rls, routes);
     let grpc_stop = stopped(stop_rx.clone());
-    let grpc = async move {
-        match (grpc_listener, &options.tls) {
-            (GrpcListener::Tcp(listener), None) => {
-                builder
-                    .serve_with_incoming_shutdown(
-                        service,
-                        // With a listener of our own, tonic leaves accepted sockets as they are;
-                        // without TCP_NODELAY a response queued behind an unacknowledged one
-                        // waits for the peer's delayed ACK (tens of ms on the tail).
-                        TcpIncoming::from(listener).with_nodelay(Some(true)),
-                        grpc_stop,
-                    )
-                    .await
-            }
-            (listener, tls) => {
-                builder
-                    .serve_with_incoming_shutdown(
-                        service,
-                        incoming::incoming(listener, tls.clone()),
-                        grpc_stop,
-                    )
-                    .await
-            }
-        }
+    let tls = options.tls.clone();
+    let grpc = if options.grpc_fast_path {
+        let rls = fast_path::FastPath::new(Arc::clone(&app));
+        let routes = routes.add_service(rls.clone());
+        let service = fast_path::Direct::new(rls::SHOULD_RATE_LIMIT, rls, routes);
+        Either::Left(serve_grpc(builder, grpc_listener, tls, service, grpc_stop))
+    } else {
+        let routes = routes.add_service(rls::GeneratedRls::server(Arc::clone(&app)));
+        Either::Right(serve_grpc(
+            builder,
+            grpc_listener,
+            tls,
+            routes.prepare(),
+            grpc_stop,
+        ))
     };
     let mut admin = admin::router(Arc::clone(&app));
     // Metrics asked for on the admin listener's own address are served there, at their path,
@@ -495,6 +488,45 @@ pub async fn serve<B: Backend>(
         ),
     }
     Ok(())
+}
+
+/// Serves gRPC `service` on `listener` until `stop` resolves.
+async fn serve_grpc<S>(
+    builder: tonic::transport::Server,
+    listener: GrpcListener,
+    tls: Option<Arc<ServerTls>>,
+    service: S,
+    stop: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error>
+where
+    S: Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    match (listener, tls) {
+        (GrpcListener::Tcp(listener), None) => {
+            builder
+                .serve_with_incoming_shutdown(
+                    service,
+                    // With a listener of our own, tonic leaves accepted sockets as they are;
+                    // without TCP_NODELAY a response queued behind an unacknowledged one waits
+                    // for the peer's delayed ACK (tens of ms on the tail).
+                    TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    stop,
+                )
+                .await
+        }
+        (listener, tls) => {
+            builder
+                .serve_with_incoming_shutdown(service, incoming::incoming(listener, tls), stop)
+                .await
+        }
+    }
 }
 
 /// Binds a unix socket at `path`, replacing a stale socket file nothing listens on.

@@ -1,35 +1,31 @@
-//! The Envoy RLS v3 gRPC service: protobuf in, [`Limiter`] decision, protobuf out.
+//! The Envoy RLS v3 gRPC service's shared part, and tonic's generated service as the fallback.
 //!
-//! A gRPC call goes [`RlsService`] (sent straight to it by [`Direct`](super::direct::Direct),
-//! read by [`unary`], its message decoded into a [`Request`] by [`decode_request`]) →
-//! `App::decide_since` (timing, span, metrics, [`Limiter::should_rate_limit`]) → the
-//! [`Decision`], which [`encode_decision`] writes as the answer. The admin `POST /json` endpoint
-//! calls [`App::decide`], the same path between the protobuf structs ([`request_from_proto`],
-//! [`response_to_proto`]), so both answer alike; [`decide`] is that conversion without the
-//! metrics.
+//! A `ShouldRateLimit` call reaches `App::decide_since` (timing, span, metrics, the bound on
+//! decisions in flight, [`Limiter::should_rate_limit`]) by one of two paths chosen at start-up:
+//! the hand-written fast path ([`super::fast_path`], the default), which decodes the call
+//! straight into a [`Request`] and writes the answer straight from the [`Decision`], or, with
+//! `--grpc-fast-path=false`, tonic's generated service ([`GeneratedRls`]), through the protobuf
+//! structs ([`request_from_proto`], [`response_to_proto`]). Both answer alike. The admin
+//! `POST /json` endpoint calls [`App::decide`], the same path between the protobuf structs;
+//! [`decide`] is that conversion without the metrics.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use prost_types::value::Kind;
 use tonic::Status as GrpcStatus;
-use tonic::codegen::{BoxFuture, Service, StdError, http};
-use tonic::server::NamedService;
+use tonic::metadata::MetadataMap;
 
-use super::unary;
-use super::wire::{decode_request, encode_decision};
+use super::fast_path::answer::{LimitFields, StatusFields};
 use super::{Health, Metrics};
 use crate::backend::Backend;
 use crate::config::MetaValue;
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 use crate::limiter::{Code, Decision, Limiter, LimiterError, Status};
-use crate::proto::answer::{LimitFields, StatusFields};
-use crate::proto::codec::{decode_failed, encode_failed};
+use crate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::{
-    self, HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
+    HeaderValue, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit,
     rate_limit_response::{self, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit},
 };
 use crate::telemetry::{self, Headers, NoHeaders};
@@ -115,80 +111,50 @@ pub const OVERLOADED: tonic::Code = tonic::Code::ResourceExhausted;
 /// The full path of the one method of the RLS service.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The gRPC service `envoy.service.ratelimit.v3.RateLimitService`, answering `ShouldRateLimit`.
-///
-/// Written by hand rather than generated, so that the call decodes straight into the limiter's
-/// [`Request`] and writes its answer straight from the [`Decision`], and is read and answered
-/// as the one small message each way it is ([`unary`]), not through tonic's streaming
-/// machinery. Any other method of the service is `UNIMPLEMENTED`, as in generated code.
+/// `ShouldRateLimit` through tonic's generated service: the fallback of the hand-written path
+/// (`--grpc-fast-path=false`), for a tonic upgrade that changed what the fast path reproduces,
+/// or a fault suspected in it. The call is decoded into a `RateLimitRequest` by tonic-prost,
+/// converted into the limiter's request, decided by the same `App::decide_since` (span, metrics,
+/// bound on decisions in flight) and converted back, so it answers as the fast path does.
 #[derive(Debug)]
-pub struct RlsService<B> {
+pub struct GeneratedRls<B> {
     app: Arc<App<B>>,
 }
 
-impl<B> RlsService<B> {
-    /// A service answering for `app`.
-    pub fn new(app: Arc<App<B>>) -> Self {
-        RlsService { app }
+impl<B: Backend> GeneratedRls<B> {
+    /// The generated server of the RLS service, answering for `app`.
+    pub fn server(app: Arc<App<B>>) -> RateLimitServiceServer<GeneratedRls<B>> {
+        RateLimitServiceServer::new(GeneratedRls { app })
     }
 }
 
-impl<B> Clone for RlsService<B> {
-    fn clone(&self) -> Self {
-        RlsService {
-            app: Arc::clone(&self.app),
-        }
-    }
-}
-
-impl<B> NamedService for RlsService<B> {
-    const NAME: &'static str = proto::rate_limit_service_server::SERVICE_NAME;
-}
-
-impl<B, Body> Service<http::Request<Body>> for RlsService<B>
-where
-    B: Backend,
-    Body: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    Body::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT {
-            return Box::pin(std::future::ready(Ok(
-                GrpcStatus::unimplemented("").into_http()
-            )));
-        }
-        let app = Arc::clone(&self.app);
-        Box::pin(async move {
-            let read = unary::read_request(request, |mut message| {
-                decode_request(&mut message).map_err(decode_failed)
-            })
+#[tonic::async_trait]
+impl<B: Backend> RateLimitService for GeneratedRls<B> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, GrpcStatus> {
+        let started = Instant::now();
+        let (metadata, _, request) = request.into_parts();
+        let request = request_from_proto(request);
+        let (result, elapsed) = self
+            .app
+            .decide_since(request, &GrpcHeaders(&metadata), started)
             .await;
-            let (headers, request) = match read {
-                Ok(read) => read,
-                Err(status) => return Ok(status.into_http()),
-            };
-            let started = Instant::now();
-            let (result, elapsed) = app
-                .decide_since(request, &HttpHeaders(&headers), started)
-                .await;
-            // The reference's gRPC interceptor counts every call, refused ones included; `/json`
-            // does not pass through it.
-            app.metrics.observe_grpc(elapsed);
-            Ok(match result {
-                Ok(decision) => {
-                    unary::answer(|frame| encode_decision(decision, frame), encode_failed)
-                }
-                Err(status) => status.into_http(),
-            })
-        })
+        // The reference's gRPC interceptor counts every call, refused ones included; `/json`
+        // does not pass through it.
+        self.app.metrics.observe_grpc(elapsed);
+        result.map(|decision| tonic::Response::new(response_to_proto(decision)))
+    }
+}
+
+/// The metadata of a call on the generated service, as the span of its decision reads the
+/// caller's trace context.
+struct GrpcHeaders<'a>(&'a MetadataMap);
+
+impl Headers for GrpcHeaders<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).and_then(|value| value.to_str().ok())
     }
 }
 
@@ -233,8 +199,9 @@ impl<B: Backend> App<B> {
     }
 
     /// Decides `request`, a call that began at `started`, and answers how long it took since:
-    /// the one clock read at each end serves every timing the call records.
-    async fn decide_since(
+    /// the one clock read at each end serves every timing the call records. Both gRPC paths
+    /// call it.
+    pub(super) async fn decide_since(
         &self,
         request: Request,
         headers: &dyn Headers,
@@ -292,15 +259,6 @@ fn code_name(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",
         Code::OverLimit => "OVER_LIMIT",
-    }
-}
-
-/// The headers of a gRPC call, as the span of its decision reads the caller's trace context.
-struct HttpHeaders<'a>(&'a http::HeaderMap);
-
-impl Headers for HttpHeaders<'_> {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.0.get(name).and_then(|value| value.to_str().ok())
     }
 }
 
@@ -474,37 +432,7 @@ fn meta_to_proto(value: MetaValue) -> prost_types::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::MemoryBackend;
-    use crate::backend::memory::MIN_BUDGET;
-    use crate::clock::SystemClock;
-    use crate::config::Config;
-    use crate::limiter::Settings;
     use crate::proto::rate_limit_descriptor::{Entry as ProtoEntry, RateLimitOverride};
-
-    #[tokio::test]
-    async fn other_methods_of_the_service_are_unimplemented() {
-        let backend = MemoryBackend::with_budget(Arc::new(SystemClock), MIN_BUDGET);
-        let limiter = Arc::new(Limiter::new(
-            Arc::new(Config::empty()),
-            backend,
-            Settings::default(),
-        ));
-        let (reporter, _) = tonic_health::server::health_reporter();
-        let health = Health::new(reporter).await;
-        let mut service = RlsService::new(Arc::new(App::new(limiter, health, None)));
-        for path in [
-            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimitTwice",
-            "/envoy.service.ratelimit.v3.RateLimitService/",
-        ] {
-            let request = http::Request::builder()
-                .uri(path)
-                .body(tonic::body::Body::empty())
-                .unwrap();
-            let response = service.call(request).await.unwrap();
-            let code = response.headers().get("grpc-status").cloned();
-            assert_eq!(code, Some(http::HeaderValue::from_static("12")), "{path}");
-        }
-    }
 
     #[test]
     fn request_conversion_keeps_every_field() {

@@ -245,6 +245,12 @@ pub struct Flags {
     /// unbounded [default: 256].
     #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
+    /// Serve ShouldRateLimit on the hand-written gRPC path; `false` serves every call through
+    /// tonic's generated service instead (the same answers, at some CPU per call), for a tonic
+    /// upgrade or a fault suspected in the fast path [default: true].
+    #[arg(long, env = "TOLLGATE_GRPC_FAST_PATH", num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub grpc_fast_path: Option<bool>,
     /// Threads that run decisions (the async runtime's workers); also TOKIO_WORKER_THREADS, or
     /// GOMAXPROCS as the reference's Go runtime reads it [default: the CPUs the process may
     /// use, a cgroup's CPU quota included].

@@ -18,6 +18,9 @@ pub struct GrpcSettings {
     pub max_connection_age: Option<Duration>,
     /// `GRPC_MAX_CONNECTION_AGE_GRACE`: how long it may then finish its calls.
     pub max_connection_age_grace: Option<Duration>,
+    /// `--grpc-fast-path`: ShouldRateLimit on the hand-written path (`false`: tonic's generated
+    /// service).
+    pub fast_path: bool,
 }
 
 pub(super) fn grpc_tls(

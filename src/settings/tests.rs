@@ -129,6 +129,30 @@ fn with_nothing_set_serve_keeps_tollgates_defaults() {
     assert!(missing.to_string().contains("--config"), "{missing}");
 }
 
+/// `--grpc-fast-path` is a boolean like the others: on by default, `--grpc-fast-path`,
+/// `--grpc-fast-path=true|false` or `--grpc-fast-path false`.
+#[test]
+fn the_grpc_fast_path_flag_is_on_unless_turned_off() {
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        flags: Flags,
+    }
+    let fast_path = |args: &[&str]| {
+        let parsed = <Serve as clap::Parser>::try_parse_from(
+            ["serve", "--config", "examples/"].iter().chain(args),
+        )
+        .unwrap_or_else(|err| panic!("{args:?}: {err}"));
+        let settings = resolve(Entry::Tollgate, &parsed.flags, &[]).unwrap();
+        settings.grpc.fast_path
+    };
+    assert!(fast_path(&[]));
+    assert!(fast_path(&["--grpc-fast-path"]));
+    assert!(fast_path(&["--grpc-fast-path=true"]));
+    assert!(!fast_path(&["--grpc-fast-path=false"]));
+    assert!(!fast_path(&["--grpc-fast-path", "false"]));
+}
+
 #[test]
 fn the_hardening_flags_default_safe_and_reach_their_settings() {
     let settings = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();

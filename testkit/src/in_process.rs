@@ -132,6 +132,13 @@ impl InProcessBuilder {
         self
     }
 
+    /// `--grpc-fast-path` (default: true; `false` serves ShouldRateLimit through tonic's
+    /// generated service).
+    pub fn grpc_fast_path(mut self, on: bool) -> Self {
+        self.options.grpc_fast_path = on;
+        self
+    }
+
     /// `--health-fail-after`.
     pub fn health_fail_after(mut self, after: Duration) -> Self {
         self.options.health_fail_after = Some(after);

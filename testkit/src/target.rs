@@ -85,6 +85,21 @@ pub enum Mode {
     LeasedSharded,
 }
 
+/// How a target's cases reach a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The limiter (or the backend) asked in this process.
+    Library,
+    /// `ShouldRateLimit` over gRPC to tollgate serving the limiter in this process: on the
+    /// hand-written fast path (`fast_path: true`) or through tonic's generated service
+    /// (`--grpc-fast-path=false`). Only cases written for it (the compatibility suite's
+    /// request→response scenarios) go over gRPC; the rest ask the limiter as [`Via::Library`].
+    Grpc {
+        /// Whether the fast path serves the call.
+        fast_path: bool,
+    },
+}
+
 /// Whether a stack has the local over-limit cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cached {
@@ -132,6 +147,7 @@ pub struct Target {
     name: &'static str,
     store: Store,
     mode: Mode,
+    via: Via,
     prefix: String,
     servers: Servers,
 }
@@ -147,6 +163,7 @@ impl Target {
             name,
             store,
             mode,
+            via: Via::Library,
             prefix: unique_prefix(name),
             servers,
         }
@@ -155,6 +172,23 @@ impl Target {
     /// Process memory, as `tollgate serve` composes it.
     pub fn memory() -> Target {
         Target::new("memory", Mode::Plain, Servers::None)
+    }
+
+    /// Process memory, as `tollgate serve` composes it, asked over gRPC on the fast path.
+    pub fn memory_grpc() -> Target {
+        Target {
+            via: Via::Grpc { fast_path: true },
+            ..Target::new("memory_grpc", Mode::Plain, Servers::None)
+        }
+    }
+
+    /// Process memory, as `tollgate serve` composes it, asked over gRPC through tonic's
+    /// generated service (`--grpc-fast-path=false`).
+    pub fn memory_tonic() -> Target {
+        Target {
+            via: Via::Grpc { fast_path: false },
+            ..Target::new("memory_tonic", Mode::Plain, Servers::None)
+        }
     }
 
     /// The shared `redis-server`, as `tollgate serve` composes it.
@@ -221,6 +255,11 @@ impl Target {
     /// Whether this target leases its limits.
     pub fn leases(&self) -> bool {
         matches!(self.mode, Mode::Leased | Mode::LeasedSharded)
+    }
+
+    /// How the target's cases reach a decision.
+    pub fn via(&self) -> Via {
+        self.via
     }
 
     /// The target's name, as its tests are named.
@@ -357,6 +396,7 @@ impl Target {
             name: self.name,
             store,
             mode: self.mode,
+            via: self.via,
             prefix: self.prefix.clone(),
             servers: Servers::None,
         }

@@ -29,9 +29,9 @@ use tollgate::limiter::{Limiter, Settings, limiter_key};
 use tollgate::proto::RateLimitRequest;
 use tollgate::server::App;
 use tollgate::server::admin::answer_json;
+use tollgate::server::fast_path::wire::decode_request;
 use tollgate::server::health::Health;
 use tollgate::server::rls::request_from_proto;
-use tollgate::server::wire::decode_request;
 use tollgate::window::Algorithm;
 
 /// A fuzz target: any bytes in, a panic on a finding.

@@ -22,10 +22,10 @@ use super::support::{
 };
 
 cases! {
-    basic_config: [memory, redis];
-    basic_config_stop_increment_when_over_limit: [memory, redis];
-    config_reload: [memory, redis];
-    share_threshold: exact;
+    basic_config: [memory, memory_grpc, memory_tonic, redis];
+    basic_config_stop_increment_when_over_limit: [memory, memory_grpc, memory_tonic, redis];
+    config_reload: [memory, memory_grpc, memory_tonic, redis];
+    share_threshold: [memory, memory_grpc, memory_tonic, redis, redis_cluster];
 }
 
 const SOURCE: &str = "test/integration/integration_test.go";

@@ -12,7 +12,10 @@
 //! The request→response cases run at the wire level (protobuf in, protobuf out) on every backend
 //! where the reference's numbers apply: memory and one Redis server, told the time so each case
 //! lands in one fixed window as the reference's do; scenarios whose windows are an hour or longer
-//! also on the Redis Cluster. Sharded modes report estimates of `limit_remaining` and are left
+//! also on the Redis Cluster. The memory scenarios run twice more over gRPC, to tollgate serving
+//! in this process on the hand-written fast path (`memory_grpc`) and on tonic's generated
+//! service (`memory_tonic`, as `--grpc-fast-path=false` serves), each answer compared field for
+//! field with the library's. Sharded modes report estimates of `limit_remaining` and are left
 //! out. Every deliberate difference is written at its case, with the reason, and
 //! `docs/compatibility.md` lists them; [`the_inventory_is_the_one_documented`] keeps the counts
 //! there true.

@@ -25,14 +25,14 @@ use super::support::{
 };
 
 cases! {
-    multiservice_tokenquota: [memory, redis];
-    quota: [memory, redis];
-    replaces: [memory, redis];
-    simple_get: [memory, redis];
-    token_quota: [memory, redis];
-    trigger_ratelimit: [memory, redis];
-    trigger_shadow_mode_key: [memory, redis];
-    value_included_in_stats_key_when_unspecified: [memory, redis];
+    multiservice_tokenquota: [memory, memory_grpc, memory_tonic, redis];
+    quota: [memory, memory_grpc, memory_tonic, redis];
+    replaces: [memory, memory_grpc, memory_tonic, redis];
+    simple_get: [memory, memory_grpc, memory_tonic, redis];
+    token_quota: [memory, memory_grpc, memory_tonic, redis];
+    trigger_ratelimit: [memory, memory_grpc, memory_tonic, redis];
+    trigger_shadow_mode_key: [memory, memory_grpc, memory_tonic, redis];
+    value_included_in_stats_key_when_unspecified: [memory, memory_grpc, memory_tonic, redis];
 }
 
 const WINDOW_MS: u64 = 60_000;

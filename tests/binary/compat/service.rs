@@ -20,17 +20,17 @@ use super::support::{
 };
 
 cases! {
-    service_answers: [memory, redis];
-    global_shadow_mode: [memory, redis];
-    rule_shadow_mode: [memory, redis];
-    response_headers: [memory, redis];
-    invalid_requests: [memory, redis];
+    service_answers: [memory, memory_grpc, memory_tonic, redis];
+    global_shadow_mode: [memory, memory_grpc, memory_tonic, redis];
+    rule_shadow_mode: [memory, memory_grpc, memory_tonic, redis];
+    response_headers: [memory, memory_grpc, memory_tonic, redis];
+    invalid_requests: [memory, memory_grpc, memory_tonic, redis];
     cache_error: [redis, redis_cluster];
-    unlimited_limits: [memory, redis];
-    global_quota_mode: [memory, redis];
-    metadata_of_passed_descriptors: [memory, redis];
-    per_descriptor_quota_mode: [memory, redis];
-    metadata_unit_cases: [memory, redis];
+    unlimited_limits: [memory, memory_grpc, memory_tonic, redis];
+    global_quota_mode: [memory, memory_grpc, memory_tonic, redis];
+    metadata_of_passed_descriptors: [memory, memory_grpc, memory_tonic, redis];
+    per_descriptor_quota_mode: [memory, memory_grpc, memory_tonic, redis];
+    metadata_unit_cases: [memory, memory_grpc, memory_tonic, redis];
 }
 
 const SOURCE: &str = "test/service/ratelimit_test.go";

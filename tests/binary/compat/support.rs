@@ -2,6 +2,12 @@
 //! envoyproxy/ratelimit gives, and a runner that asks tollgate the same, step by step, at the
 //! wire level (`tollgate::server::rls::decide`: protobuf in, protobuf or gRPC status out).
 //!
+//! On the `memory_grpc` and `memory_tonic` targets every request also goes over gRPC, to tollgate
+//! serving the scenario's limiter in this process on the hand-written fast path or on tonic's
+//! generated service (`--grpc-fast-path=false`): each answer must be the expected one and,
+//! field for field (status code and message included), what `rls::decide` answers on a twin
+//! limiter told the same time, so any difference between the two paths fails a named test.
+//!
 //! A scenario is a policy, the settings a user switching over runs with, and steps. Each step is
 //! one request and the reference's answer to it; where tollgate answers differently on purpose,
 //! the step says so with tollgate's answer and the reason ([`Step::differs`]), so every difference
@@ -21,16 +27,20 @@ use std::time::Duration;
 
 use prost_types::value::Kind;
 use serde_json::{Map, Value as Json};
+use tokio::sync::oneshot;
 use tollgate::clock::ManualClock;
 use tollgate::config::{Config, LoadOptions};
 use tollgate::limiter::{Limiter, Settings};
 use tollgate::proto::rate_limit_descriptor::Entry;
 use tollgate::proto::rate_limit_response::Code as ProtoCode;
 use tollgate::proto::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
-use tollgate::server::rls;
+use tollgate::server::{self, Listeners, ServeOptions, rls};
 use tollgate::window::Counting;
-use tollgate_testkit::target::{Store, Target};
+use tollgate_testkit::backends::TestBackend;
+use tollgate_testkit::target::{Store, Target, Via};
+use tonic::transport::Channel;
 
 /// A day boundary (so second, minute, hour and day windows all start here), in ms.
 pub const START_MS: u64 = 1_700_006_400_000;
@@ -430,21 +440,16 @@ impl std::ops::Add for Tally {
 /// reference's, unless the step differs on purpose).
 pub async fn run(t: &Target, scenario: &Scenario) {
     let clock = ManualClock::new(START_MS);
-    let clocked = !matches!(t.store(), Store::Cluster(_));
-    let backend = match scenario.backend {
-        Backend::Unreachable => t.unreachable().backend_with_timeout(OUTAGE_TIMEOUT).await,
-        Backend::Working if clocked => t.clocked_backend(&clock).await,
-        Backend::Working => {
-            assert!(
-                scenario.clock_free(),
-                "{}: needs a clock, which {} cannot be told",
-                scenario.name,
-                t.name()
-            );
-            t.backend().await
+    let limiter = Arc::new(scenario_limiter(t, scenario, &clock).await);
+    let mut grpc = match t.via() {
+        Via::Library => None,
+        Via::Grpc { fast_path } => {
+            // What the server answers is compared with what the library answers on a limiter of
+            // its own, told the same time and given the same requests.
+            let twin = scenario_limiter(t, scenario, &clock).await;
+            Some((Grpc::serve(Arc::clone(&limiter), fast_path).await, twin))
         }
     };
-    let limiter = Limiter::new(Arc::clone(&scenario.policy), backend, scenario.settings);
     let mut previous_reset: Option<Duration> = None;
     for (index, step) in scenario.steps.iter().enumerate() {
         let place = format!(
@@ -455,6 +460,9 @@ pub async fn run(t: &Target, scenario: &Scenario) {
         let request = match &step.action {
             Action::Reload(config) => {
                 limiter.set_config(Arc::clone(config));
+                if let Some((_, twin)) = &grpc {
+                    twin.set_config(Arc::clone(config));
+                }
                 continue;
             }
             Action::Ask(request) => request.clone(),
@@ -463,7 +471,20 @@ pub async fn run(t: &Target, scenario: &Scenario) {
             Some((answer, _)) => answer,
             None => &step.reference,
         };
-        let result = rls::decide(&limiter, request).await;
+        let result = match &mut grpc {
+            None => rls::decide(&limiter, request).await,
+            Some((server, twin)) => {
+                let answered = server.ask(request.clone()).await;
+                let decided = rls::decide(twin, request).await;
+                assert_eq!(
+                    outcome(&answered),
+                    outcome(&decided),
+                    "{place}: over gRPC ({}) and from the library",
+                    t.name()
+                );
+                answered
+            }
+        };
         if !scenario.settings.response_dynamic_metadata
             && let Ok(response) = &result
         {
@@ -487,6 +508,83 @@ pub async fn run(t: &Target, scenario: &Scenario) {
             }
             previous_reset = reset;
         }
+    }
+}
+
+/// A limiter of `scenario`'s policy and settings on a backend of `t`, told the time by `clock`
+/// where the store can be.
+async fn scenario_limiter(
+    t: &Target,
+    scenario: &Scenario,
+    clock: &ManualClock,
+) -> Limiter<TestBackend> {
+    let clocked = !matches!(t.store(), Store::Cluster(_));
+    let backend = match scenario.backend {
+        Backend::Unreachable => t.unreachable().backend_with_timeout(OUTAGE_TIMEOUT).await,
+        Backend::Working if clocked => t.clocked_backend(clock).await,
+        Backend::Working => {
+            assert!(
+                scenario.clock_free(),
+                "{}: needs a clock, which {} cannot be told",
+                scenario.name,
+                t.name()
+            );
+            t.backend().await
+        }
+    };
+    Limiter::new(Arc::clone(&scenario.policy), backend, scenario.settings)
+}
+
+/// An answer as comparable data: the response, or the status's code and message.
+fn outcome(
+    result: &Result<RateLimitResponse, tonic::Status>,
+) -> Result<&RateLimitResponse, (tonic::Code, &str)> {
+    result
+        .as_ref()
+        .map_err(|status| (status.code(), status.message()))
+}
+
+/// tollgate serving a limiter over gRPC in this process, and a client of it; dropping it stops
+/// the server.
+struct Grpc {
+    client: RateLimitServiceClient<Channel>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Grpc {
+    /// Serves `limiter` on loopback, on the fast path or on tonic's generated service.
+    async fn serve(limiter: Arc<Limiter<TestBackend>>, fast_path: bool) -> Grpc {
+        let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let listeners = Listeners::bind(loopback, loopback)
+            .await
+            .expect("bind two loopback listeners");
+        let addr = listeners.grpc_addr().expect("the gRPC address");
+        // No policy files: the scenario's steps install its configs. The bound on decisions in
+        // flight is off, as a scenario asks one request at a time.
+        let options = ServeOptions {
+            max_in_flight: None,
+            grpc_fast_path: fast_path,
+            ..ServeOptions::files(PathBuf::from("/nonexistent/tollgate-compat"))
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(server::serve(limiter, listeners, options, async move {
+            let _ = stopped.await;
+        }));
+        let client = tollgate_testkit::rls::client(addr)
+            .await
+            .expect("connect to the in-process server");
+        Grpc {
+            client,
+            _stop: stop,
+        }
+    }
+
+    /// Asks `request` over gRPC.
+    async fn ask(&mut self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        self.client
+            .should_rate_limit(request)
+            .await
+            .map(tonic::Response::into_inner)
     }
 }
 

@@ -13,7 +13,6 @@ use prost::Message as _;
 use serde_json::{Map, Value, json};
 use tokio::runtime::Runtime;
 use tollgate::proto::RLS_SERVICE_NAME as RLS;
-use tollgate::proto::codec::BUFFER_BYTES;
 use tollgate::proto::rate_limit_descriptor::Entry;
 use tollgate::proto::rate_limit_response::{Code, rate_limit::Unit};
 use tollgate::proto::rate_limit_service_client::RateLimitServiceClient;
@@ -495,17 +494,37 @@ descriptors:
     assert_eq!(reply.body.trim(), status.message());
 }
 
-/// A request and an answer several times larger than the buffer each gRPC call starts with
-/// (`proto::codec::BUFFER_BYTES`) pass whole: decided like the same request sent to `/json`.
+/// The buffer tonic's codec starts each call with (8 KiB; the generated service's), and half
+/// the largest HTTP/2 frame a client sends by default: a request past twice this arrives in
+/// pieces on either gRPC path.
+const FIRST_BUFFER_BYTES: usize = 8 * 1024;
+
+/// The largest answer the fast path writes on the stack (`server::fast_path::wire`); a larger
+/// one is left to prost.
+const STACK_ANSWER_BYTES: usize = 512;
+
+/// A request larger than the buffer each gRPC call starts with and an answer larger than the
+/// fast path writes on the stack pass whole, on the fast path and on tonic's generated service:
+/// decided like the same request sent to `/json`.
 #[test]
 fn grpc_messages_larger_than_the_first_buffer_pass_whole() {
-    let tollgate = InProcess::start(
-        "domain: edge
+    for fast_path in [true, false] {
+        messages_larger_than_the_first_buffer_pass_whole(fast_path);
+    }
+}
+
+fn messages_larger_than_the_first_buffer_pass_whole(fast_path: bool) {
+    let tollgate = InProcess::builder()
+        .policy(
+            "config.yaml",
+            "domain: edge
 descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 6}
 ",
-    );
+        )
+        .grpc_fast_path(fast_path)
+        .start();
     let mut client = Client::of_in_process(&tollgate);
     let values: Vec<String> = (0..40).map(|i| format!("{i:0>500}")).collect();
     let descriptors: Vec<[(&str, &str); 1]> = values
@@ -515,17 +534,20 @@ descriptors:
     let descriptors: Vec<&[(&str, &str)]> = descriptors.iter().map(|d| d.as_slice()).collect();
     let big = request("edge", &descriptors);
     let sent = request_proto(&big).encoded_len();
-    assert!(sent > 16 * BUFFER_BYTES, "a request of {sent} bytes");
+    assert!(sent > 2 * FIRST_BUFFER_BYTES, "a request of {sent} bytes");
 
     let response = client.grpc(&big).expect("decided over gRPC");
     let answered = response.encoded_len();
-    assert!(answered > BUFFER_BYTES, "an answer of {answered} bytes");
+    assert!(
+        answered > STACK_ANSWER_BYTES,
+        "an answer of {answered} bytes"
+    );
     let remaining: Vec<u32> = response
         .statuses
         .iter()
         .map(|s| s.limit_remaining)
         .collect();
-    assert_eq!(remaining, vec![5; 40]);
+    assert_eq!(remaining, vec![5; 40], "fast path: {fast_path}");
 
     let (status, answer) = client.json(&big);
     assert_eq!(status, 200, "{answer}");

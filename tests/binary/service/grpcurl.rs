@@ -206,14 +206,21 @@ fn reflection_v1_lists_the_services() {
 
 /// The RLS call is served straight and every other path through tonic's router: the call, a
 /// method the RLS service does not have, a service the server does not have, and health all
-/// answer on one connection as tonic answers them.
+/// answer on one connection as tonic answers them, on the fast path and on tonic's generated
+/// service alike.
 #[test]
 fn the_rls_call_and_every_other_path_answer_on_one_connection() {
-    use tollgate::proto::codec::Protobuf;
+    for fast_path in [true, false] {
+        every_path_answers_on_one_connection(fast_path);
+    }
+}
+
+fn every_path_answers_on_one_connection(fast_path: bool) {
     use tollgate::proto::{RateLimitRequest, RateLimitResponse};
     use tollgate_testkit::rls::request;
     use tonic::client::Grpc;
     use tonic::transport::Channel;
+    use tonic_prost::ProstCodec;
 
     async fn call(
         grpc: &mut Grpc<Channel>,
@@ -223,12 +230,15 @@ fn the_rls_call_and_every_other_path_answer_on_one_connection() {
         grpc.unary(
             tonic::Request::new(request("edge", &[&[("user", "alice")]])),
             path.parse().expect("a path"),
-            Protobuf::<RateLimitRequest, RateLimitResponse>::default(),
+            ProstCodec::<RateLimitRequest, RateLimitResponse>::default(),
         )
         .await
     }
 
-    let tollgate = start();
+    let tollgate = InProcess::builder()
+        .policy("config.yaml", &per_user_per_minute(5))
+        .grpc_fast_path(fast_path)
+        .start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -248,9 +258,9 @@ fn the_rls_call_and_every_other_path_answer_on_one_connection() {
                 .await
                 .expect_err("not a method of the server");
             assert_eq!(
-                refused.code(),
-                tonic::Code::Unimplemented,
-                "{path}: {refused:?}"
+                (refused.code(), refused.message()),
+                (tonic::Code::Unimplemented, ""),
+                "{path} (fast path: {fast_path}): {refused:?}"
             );
         }
     });

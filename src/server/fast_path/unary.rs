@@ -9,23 +9,9 @@
 //! cost nearly as much as the decision itself: about 3,800 instructions a call, beside the
 //! decision's 4,700 (the benchmark's `instructions` scenario, one descriptor on the memory
 //! backend). What a call must check is kept here, each refused with tonic's own status and
-//! message, so a client cannot tell the two apart (the tests compare every answer with
-//! tonic's):
-//! - a request compressed with an encoding (`grpc-encoding` other than `identity`):
-//!   `UNIMPLEMENTED`, naming it, with `grpc-accept-encoding: identity`, as no compression is
-//!   enabled;
-//! - a message with the compressed flag set (there is no encoding to read it with) or an unknown
-//!   flag: `INTERNAL`;
-//! - a message longer than [`MAX_MESSAGE_BYTES`]: `OUT_OF_RANGE`, before it is read;
-//! - a body that ends inside a message: `INTERNAL` (but, as tonic's reader has it, not one that
-//!   ends right after a message's prefix: that prefix is ignored); one with no message:
-//!   `INTERNAL`;
-//! - trailers, or a cancel by the client, end the request (what came before still counts); any
-//!   other error of the body is the call's status.
-//!
-//! As in tonic, every message of the body is decoded, and the first one answered. Trailers a
-//! client sends after its request are not read: tonic would add them to the call's metadata,
-//! where only a trace context is ever looked for.
+//! message, so a client cannot tell the two apart: the items of the checklist in
+//! [`super`] marked `unary`, which the tests compare with tonic's `Grpc::unary` on the generated
+//! stubs' codec for any body cut into any frames.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -242,9 +228,10 @@ mod tests {
     use prost::Message;
     use tonic::server::{Grpc, UnaryService};
     use tonic::{Request as GrpcRequest, Response as GrpcResponse};
+    use tonic_prost::ProstCodec;
 
+    use super::super::{decode_failed, encode_failed};
     use super::*;
-    use crate::proto::codec::{Protobuf, decode_failed, encode_failed};
     use crate::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
 
     /// A request body sent as these frames, or ending with this error.
@@ -345,7 +332,7 @@ mod tests {
             .build()
             .expect("a runtime");
         runtime.block_on(async {
-            let generated = Grpc::new(Protobuf::<RateLimitResponse, RateLimitRequest>::default())
+            let generated = Grpc::new(ProstCodec::<RateLimitResponse, RateLimitRequest>::default())
                 .unary(
                     Generated,
                     request(encoding, frames.iter().map(copy).collect()),

@@ -18,11 +18,13 @@ use prost::encoding::{
 };
 use prost::{DecodeError, EncodeError};
 
-use super::rls::{code_to_proto, response_to_proto, status_fields, unit_from_proto};
+use super::answer::{self, Writer};
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request, Text};
 use crate::limiter::Decision;
-use crate::proto::answer::{self, Writer};
-use crate::proto::codec::put_via_stack;
+use crate::server::rls::{code_to_proto, response_to_proto, status_fields, unit_from_proto};
+
+/// The largest answer written on the stack first (an answer with several statuses fits).
+const STACK_ENCODE_BYTES: usize = 512;
 
 /// Appends `decision` to `dst` as a `RateLimitResponse`: by [`write_decision`] through a buffer
 /// on the stack, or, for an answer that does not fit there or carries dynamic metadata, through
@@ -32,6 +34,23 @@ pub fn encode_decision(decision: Decision, dst: &mut impl BufMut) -> Result<(), 
         return Ok(());
     }
     response_to_proto(decision).encode(dst)
+}
+
+/// Lets `write` fill a buffer on the stack and answer how many bytes it wrote, then copies them
+/// into `dst` in one piece. `false`, with nothing put in `dst`, when `write` answers `None` (the
+/// message does not fit, or is not of the shape `write` knows).
+///
+/// prost writes a message a field at a time, and the frame's growable buffer checks its
+/// capacity on each write; a plain slice takes each write as a store.
+fn put_via_stack(dst: &mut impl BufMut, write: impl FnOnce(&mut [u8]) -> Option<usize>) -> bool {
+    let mut stack = [0u8; STACK_ENCODE_BYTES];
+    match write(&mut stack).and_then(|written| stack.get(..written)) {
+        Some(bytes) => {
+            dst.put_slice(bytes);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Writes `decision` as a `RateLimitResponse` into the start of `out` and answers how many
@@ -237,9 +256,9 @@ mod tests {
     use crate::descriptor::Unit;
     use crate::limiter::{Code, Status};
     use crate::proto::RateLimitRequest;
-    use crate::proto::answer::tests::{edge_i64, writes_exactly};
     use crate::proto::rate_limit_descriptor::{Entry as ProtoEntry, RateLimitOverride};
     use crate::proto::{RateLimitDescriptor, RateLimitResponse};
+    use crate::server::fast_path::answer::tests::{edge_i64, writes_exactly};
     use crate::server::rls::request_from_proto;
 
     fn text() -> impl Strategy<Value = String> {

@@ -1,66 +1,22 @@
-//! `RateLimitResponse` written by hand: tollgate's answer to every decision (written from the
-//! decision through [`Writer`]), and any `RateLimitResponse` a service on the generated stubs
-//! answers (the benchmark's empty server), through [`encode`].
+//! The `RateLimitResponse` of a decision, written by hand field by field into a slice.
 //!
 //! prost encodes a message by first asking its length, which asks the length of every nested
 //! message, and then writes each nested message behind its length, which asks that length again:
 //! an answer's limit and reset are measured three times and written once, through a call per
-//! field. This writes the answer's usual shape in one pass: each status's nested lengths are
-//! summed from a few integers just before the status is written. The bytes are prost's (fields
-//! in tag order, proto3 defaults omitted, negative enums as ten-byte varints), which the tests
-//! check against prost on every field.
+//! field. [`Writer`] writes the answer's usual shape in one pass: each status's nested lengths
+//! are summed from a few integers just before the status is written. The bytes are prost's
+//! (fields in tag order, proto3 defaults omitted, negative enums as ten-byte varints), which the
+//! tests of [`super::wire`] check against prost for every decision.
 //!
-//! Anything outside the usual shape (a body, dynamic metadata, a quota assignment) is left to
-//! prost: [`encode`] then answers `None` having written nothing that counts.
-//!
-//! The [`Writer`] takes each status and header as plain fields, so the gRPC service writes its
-//! answer from the limiter's decision through the same code, with no protobuf structs between.
-//!
-//! Every message is taken apart field by field, with no `..`: a field added to the vendored
-//! protos does not compile here until this encoder writes it or leaves its message to prost.
-
-#![warn(missing_docs, clippy::all)]
+//! The writer takes each status and header as plain fields ([`StatusFields`], shared with the
+//! conversion of a decision into the protobuf struct in `server::rls`), so the answer is written
+//! from the limiter's decision with no protobuf structs between. Anything outside that shape
+//! (dynamic metadata) is left to prost by the caller.
 
 use prost::encoding::encoded_len_varint;
-use prost_types::Duration;
-
-use super::HeaderValue;
-use super::RateLimitResponse;
-use super::rate_limit_response::{DescriptorStatus, RateLimit};
-
-/// Writes `answer` into the start of `out` and answers how many bytes it took, or `None` when
-/// the answer has a field this encoder leaves to prost or does not fit in `out`.
-pub fn encode(answer: &RateLimitResponse, out: &mut [u8]) -> Option<usize> {
-    let RateLimitResponse {
-        overall_code,
-        statuses,
-        response_headers_to_add,
-        request_headers_to_add,
-        raw_body,
-        dynamic_metadata,
-        quota,
-    } = answer;
-    if !raw_body.is_empty() || dynamic_metadata.is_some() || quota.is_some() {
-        return None;
-    }
-    let mut w = Writer::new(out);
-    w.overall_code(*overall_code)?;
-    for status in statuses {
-        w.status(status)?;
-    }
-    for header in response_headers_to_add {
-        w.header(RESPONSE_HEADER, header)?;
-    }
-    for header in request_headers_to_add {
-        w.header(REQUEST_HEADER, header)?;
-    }
-    Some(w.written())
-}
 
 /// The tag of `RateLimitResponse.response_headers_to_add`.
 pub const RESPONSE_HEADER: u8 = 3;
-/// The tag of `RateLimitResponse.request_headers_to_add`.
-pub const REQUEST_HEADER: u8 = 4;
 
 /// One `DescriptorStatus.current_limit`, as plain fields.
 #[derive(Debug, Clone, Copy)]
@@ -167,37 +123,6 @@ impl<'a> Writer<'a> {
         self.varint(len as u64)
     }
 
-    fn status(&mut self, status: &DescriptorStatus) -> Option<()> {
-        let DescriptorStatus {
-            code,
-            current_limit,
-            limit_remaining,
-            duration_until_reset,
-            quota,
-        } = status;
-        if quota.is_some() {
-            return None;
-        }
-        self.status_fields(StatusFields {
-            code: *code,
-            limit: current_limit.as_ref().map(
-                |RateLimit {
-                     name,
-                     requests_per_unit,
-                     unit,
-                 }| LimitFields {
-                    name,
-                    requests_per_unit: *requests_per_unit,
-                    unit: *unit,
-                },
-            ),
-            remaining: *limit_remaining,
-            reset: duration_until_reset
-                .as_ref()
-                .map(|Duration { seconds, nanos }| (*seconds, *nanos)),
-        })
-    }
-
     /// One entry of `statuses`.
     pub fn status_fields(&mut self, status: StatusFields<'_>) -> Option<()> {
         let StatusFields {
@@ -229,16 +154,7 @@ impl<'a> Writer<'a> {
         Some(())
     }
 
-    fn header(&mut self, tag: u8, header: &HeaderValue) -> Option<()> {
-        let HeaderValue {
-            key,
-            value,
-            raw_value,
-        } = header;
-        self.header_fields(tag, key.as_bytes(), value.as_bytes(), raw_value)
-    }
-
-    /// One `HeaderValue` under `tag` ([`RESPONSE_HEADER`] or [`REQUEST_HEADER`]).
+    /// One `HeaderValue` under `tag` ([`RESPONSE_HEADER`]).
     pub fn header_fields(
         &mut self,
         tag: u8,
@@ -294,13 +210,9 @@ fn duration_len((seconds, nanos): (i64, i32)) -> usize {
 #[cfg(test)]
 pub(crate) mod tests {
     use proptest::prelude::*;
-    use prost::Message;
 
-    use super::*;
-    use crate::proto::rate_limit_response::Quota;
-
-    /// Numbers at every varint length boundary, negatives and the extremes (also the numbers of
-    /// the RLS request's and decision's tests in `server::wire`).
+    /// Numbers at every varint length boundary, negatives and the extremes (the numbers of the
+    /// RLS request's and decision's tests in [`super::super::wire`]).
     pub(crate) fn edge_i64() -> impl Strategy<Value = i64> {
         prop_oneof![
             Just(0i64),
@@ -317,68 +229,6 @@ pub(crate) mod tests {
         ]
     }
 
-    fn text() -> impl Strategy<Value = String> {
-        prop_oneof![Just(String::new()), "[a-z-]{1,8}", "[a-z]{120,140}"]
-    }
-
-    fn header() -> impl Strategy<Value = HeaderValue> {
-        (text(), text(), prop::collection::vec(any::<u8>(), 0..3)).prop_map(
-            |(key, value, raw_value)| HeaderValue {
-                key,
-                value,
-                raw_value,
-            },
-        )
-    }
-
-    fn status() -> impl Strategy<Value = DescriptorStatus> {
-        (
-            edge_i64(),
-            prop::option::of((edge_i64(), edge_i64(), text())),
-            edge_i64(),
-            prop::option::of((edge_i64(), edge_i64())),
-        )
-            .prop_map(|(code, limit, remaining, reset)| DescriptorStatus {
-                code: code as i32,
-                current_limit: limit.map(|(per_unit, unit, name)| RateLimit {
-                    name,
-                    requests_per_unit: per_unit as u32,
-                    unit: unit as i32,
-                }),
-                limit_remaining: remaining as u32,
-                duration_until_reset: reset.map(|(seconds, nanos)| Duration {
-                    seconds,
-                    nanos: nanos as i32,
-                }),
-                quota: None,
-            })
-    }
-
-    fn answer() -> impl Strategy<Value = RateLimitResponse> {
-        (
-            edge_i64(),
-            prop::collection::vec(status(), 0..5),
-            prop::collection::vec(header(), 0..3),
-            prop::collection::vec(header(), 0..2),
-        )
-            .prop_map(|(code, statuses, response, request)| RateLimitResponse {
-                overall_code: code as i32,
-                statuses,
-                response_headers_to_add: response,
-                request_headers_to_add: request,
-                ..RateLimitResponse::default()
-            })
-    }
-
-    proptest! {
-        /// Every answer of the usual shape comes out as prost writes it, and an output too small
-        /// for it is refused rather than cut short.
-        #[test]
-        fn writes_what_prost_writes(answer in answer()) {
-            writes_exactly(&answer.encode_to_vec(), |out| encode(&answer, out))?;
-        }
-    }
-
     /// Checks that `write` puts `expected` at the start of a large output, and refuses an
     /// output one byte too small rather than cutting the message short.
     pub(crate) fn writes_exactly(
@@ -393,29 +243,5 @@ pub(crate) mod tests {
             prop_assert_eq!(write(&mut short), None);
         }
         Ok(())
-    }
-
-    #[test]
-    fn leaves_the_rest_to_prost() {
-        let mut out = [0u8; 256];
-        let body = RateLimitResponse {
-            raw_body: b"denied".to_vec(),
-            ..RateLimitResponse::default()
-        };
-        assert_eq!(encode(&body, &mut out), None);
-        let metadata = RateLimitResponse {
-            dynamic_metadata: Some(prost_types::Struct::default()),
-            ..RateLimitResponse::default()
-        };
-        assert_eq!(encode(&metadata, &mut out), None);
-        let quota = RateLimitResponse {
-            statuses: vec![DescriptorStatus {
-                quota: Some(Quota::default()),
-                ..DescriptorStatus::default()
-            }],
-            ..RateLimitResponse::default()
-        };
-        assert_eq!(encode(&quota, &mut out), None);
-        assert_eq!(encode(&RateLimitResponse::default(), &mut out), Some(0));
     }
 }

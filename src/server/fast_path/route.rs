@@ -1,5 +1,5 @@
-//! The gRPC listener's service: one method's calls go straight to the service that answers
-//! them, and every other path through tonic's router, as before.
+//! The gRPC listener's service on the fast path: one method's calls go straight to the service
+//! that answers them, and every other path through tonic's router, as before.
 //!
 //! tonic serves each call through an axum router: the path matched against every route, a map of
 //! URL parameters put in the request's extensions and dropped with it, the service cloned into a
