@@ -10,3 +10,4 @@
 mod admin;
 mod cli;
 mod grpcurl;
+mod lifecycle;

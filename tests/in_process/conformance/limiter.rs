@@ -13,11 +13,10 @@
 //! of it is taken.
 
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
 
-use tollgate::config::{Config, FailureMode, MetaValue};
+use tollgate::config::{Config, MetaValue};
 use tollgate::descriptor::{LimitOverride, Request, Unit};
-use tollgate::limiter::{Code, Decision, Limiter, LimiterError, Settings, Status};
+use tollgate::limiter::{Code, Decision, LimiterError, Settings};
 use tollgate::window::Counting;
 use tollgate_testkit::cases;
 use tollgate_testkit::requests::{descriptor as d, with_addend};
@@ -46,15 +45,9 @@ cases! {
     quota_descriptors_reject_only_when_all_are_over: leased;
     descriptor_limit_override_applies_to_any_descriptor: leased;
     invalid_requests_are_refused_and_count_nothing: leased;
-    token_quota_debits_are_charged_where_every_hit_counts: exact;
-    counting_is_chosen_per_limit_over_the_flag: exact;
-    counting_all_never_admits_more_than_the_limit: leased;
     descriptor_without_entries_is_ok_without_a_limit: leased;
     global_quota_mode_rejects_only_when_every_descriptor_is_over: leased;
     dynamic_metadata_only_when_asked_in_the_reference_shape: leased;
-    unreachable_backend_answers_each_failure_mode:
-        [redis, redis_cluster, sharded_redis, sharded_redis_cluster];
-    backend_outage_then_recovery: [redis, redis_cluster, leased_redis, leased_redis_cluster];
 }
 
 /// Pairs of limits that differ only in their algorithm (`<name>` is the sliding window counter,
@@ -129,28 +122,22 @@ descriptors:
     rate_limit: { unit: day, requests_per_unit: 2 }
 "#;
 
-static CONFIG: LazyLock<Arc<Config>> = LazyLock::new(|| {
+pub(super) static CONFIG: LazyLock<Arc<Config>> = LazyLock::new(|| {
     Arc::new(Config::from_yaml("conformance.yaml", POLICY).expect("the test policy loads"))
 });
-
-/// The production default `--backend-timeout`, used where failures are the point.
-const OUTAGE_TIMEOUT: Duration = Duration::from_millis(50);
-/// How long a failure-mode answer may take with [`OUTAGE_TIMEOUT`]: the point is that a call to
-/// a dead backend ends, not how fast.
-const OUTAGE_ANSWER_BOUND: Duration = Duration::from_secs(10);
 
 const HOUR_S: u64 = 3_600;
 const DAY_S: u64 = 86_400;
 
-const COUNTER_AND_LOG: [&str; 2] = ["", "_log"];
+pub(super) const COUNTER_AND_LOG: [&str; 2] = ["", "_log"];
 
 /// A limiter with the suite's policy over a new backend instance of `t`.
-async fn limiter(t: &Target, settings: Settings) -> TestLimiter {
+pub(super) async fn limiter(t: &Target, settings: Settings) -> TestLimiter {
     t.limiter(Arc::clone(&CONFIG), settings).await
 }
 
 /// A limiter where every hit counts unless a limit says otherwise (`--counting all`).
-async fn limiter_counting_all(t: &Target) -> TestLimiter {
+pub(super) async fn limiter_counting_all(t: &Target) -> TestLimiter {
     let settings = Settings {
         counting: Counting::All,
         ..Settings::default()
@@ -173,7 +160,7 @@ async fn two_instances(t: &Target) -> [Arc<TestLimiter>; 2] {
 /// Runs `callers` concurrent tasks of `rounds` requests each, alternating between the two
 /// instances: task `task` sends `plan(task, round)`, a request and the units it asks for, and
 /// `check`s each decision. Answers the units of the requests admitted.
-async fn admitted_units(
+pub(super) async fn admitted_units(
     instances: &[Arc<TestLimiter>; 2],
     (callers, rounds): (usize, usize),
     plan: impl Fn(usize, usize) -> (Request, u64) + Send + Sync + 'static,
@@ -798,144 +785,6 @@ async fn invalid_requests_are_refused_and_count_nothing(t: &Target) {
     assert_eq!(units_left(&limiter, &[("quota", &v)]).await, 10);
 }
 
-/// Envoy's token quota: a check (`hits_addend: 0`) on the request path, and after the response
-/// an ordinary hit debiting the tokens spent, whose answer Envoy ignores. With 1000 tokens, 900
-/// used and a response that spent 200, the debit does not fit but is charged, so the next check
-/// is refused (where only admitted hits counted, it would pass and the quota would never bind).
-async fn token_quota_debits_are_charged_where_every_hit_counts(t: &Target) {
-    let limiter = limiter(t, Settings::default()).await;
-    for suffix in COUNTER_AND_LOG {
-        let key = format!("tokens{suffix}");
-        let v = fresh("tokens");
-        let check = || with_addend(d(&[(&key, &v)]), 0);
-        let debit = |tokens| with_addend(d(&[(&key, &v)]), tokens);
-        assert_one(&limiter, check(), (Code::Ok, 1000), &key).await;
-        assert_one(&limiter, debit(900), (Code::Ok, 100), &key).await;
-        assert_one(&limiter, check(), (Code::Ok, 100), &key).await;
-        let refused = ask_one(&limiter, debit(200)).await;
-        assert_eq!(
-            (refused.overall, refused.statuses[0].remaining),
-            (Code::OverLimit, 0),
-            "{key}: 1100 of 1000 used"
-        );
-        assert_one(&limiter, check(), (Code::OverLimit, 0), &key).await;
-        // A debit of any size is charged without overflow.
-        assert_one(&limiter, debit(u64::MAX), (Code::OverLimit, 0), &key).await;
-        assert_one(&limiter, check(), (Code::OverLimit, 0), &key).await;
-
-        // Nothing of a rejected request is given back where every hit counts.
-        let w = fresh("tokens");
-        let decision = ask(
-            &limiter,
-            &req(vec![
-                with_addend(d(&[(&key, &w)]), 10),
-                d(&[("zero_day", &w)]),
-            ]),
-        )
-        .await;
-        assert_eq!(codes(&decision), [Code::Ok, Code::OverLimit]);
-        assert_eq!(
-            decision.statuses[0].remaining, 990,
-            "{key}: kept, and reported so"
-        );
-        assert_eq!(units_left(&limiter, &[(&key, &w)]).await, 990, "{key}");
-
-        // A 0 limit: checks pass until a refused hit is charged to it.
-        let zero = format!("zero_day{suffix}");
-        let all = limiter_counting_all(t).await;
-        let check = || with_addend(d(&[(&zero, &w)]), 0);
-        assert_one(&all, check(), (Code::Ok, 0), &zero).await;
-        assert_one(&all, d(&[(&zero, &w)]), (Code::OverLimit, 0), &zero).await;
-        assert_one(&all, check(), (Code::OverLimit, 0), &zero).await;
-    }
-}
-
-/// A limit's own `counting` wins over `--counting`: `counting: admitted` gives a rejected
-/// request's hit back even where every hit counts, and `--counting all` charges refusals of
-/// limits without their own.
-async fn counting_is_chosen_per_limit_over_the_flag(t: &Target) {
-    let all = limiter_counting_all(t).await;
-    let v = fresh("per-limit");
-    let rejected = req(vec![
-        d(&[("refunded", &v)]),
-        d(&[("quota", &v)]),
-        d(&[("zero_day", &v)]),
-    ]);
-    let decision = ask(&all, &rejected).await;
-    assert_eq!(codes(&decision), [Code::Ok, Code::Ok, Code::OverLimit]);
-    assert_eq!(decision.statuses[0].remaining, 10, "given back");
-    assert_eq!(decision.statuses[1].remaining, 9, "kept");
-    assert_eq!(units_left(&all, &[("refunded", &v)]).await, 10);
-    assert_eq!(units_left(&all, &[("quota", &v)]).await, 9);
-    // `quota` counts every hit under this flag: a refused debit is charged.
-    assert_one(
-        &all,
-        with_addend(d(&[("quota", &v)]), 20),
-        (Code::OverLimit, 0),
-        "debit",
-    )
-    .await;
-    assert_one(
-        &all,
-        with_addend(d(&[("quota", &v)]), 0),
-        (Code::OverLimit, 0),
-        "check",
-    )
-    .await;
-    // `refunded` counts admitted hits only whatever the flag.
-    assert_one(
-        &all,
-        with_addend(d(&[("refunded", &v)]), 20),
-        (Code::OverLimit, 10),
-        "x",
-    )
-    .await;
-    assert_one(
-        &all,
-        with_addend(d(&[("refunded", &v)]), 0),
-        (Code::Ok, 10),
-        "y",
-    )
-    .await;
-}
-
-/// Where every hit counts, many concurrent callers on two instances still never get more than
-/// the limit admitted; refused hits charged near the end may leave a unit or two unused.
-async fn counting_all_never_admits_more_than_the_limit(t: &Target) {
-    for suffix in COUNTER_AND_LOG {
-        let first = Arc::new(limiter_counting_all(t).await);
-        let second = if t.shares_store() {
-            Arc::new(limiter_counting_all(t).await)
-        } else {
-            Arc::clone(&first)
-        };
-        let instances = [first, second];
-        let key = format!("race{suffix}");
-        let v = fresh("race-all");
-        let (plan_key, plan_v) = (key.clone(), v.clone());
-        let plan = move |task: usize, round: usize| {
-            let cost = if (task + round).is_multiple_of(5) {
-                2
-            } else {
-                1
-            };
-            let request = req(vec![with_addend(d(&[(&plan_key, &plan_v)]), cost)]);
-            (request, cost)
-        };
-        let within = |_: &Request, decision: &Decision| {
-            assert!(decision.statuses[0].remaining <= 150, "{decision:?}");
-        };
-        let admitted = admitted_units(&instances, (32, 25), plan, within).await;
-        // The first refusal of a cost of at most 2 comes at 149 used (per shard, at its budget
-        // less one), and nothing is admitted past a refusal charged on top of that.
-        assert!(
-            (148..=150).contains(&admitted),
-            "{}: {key} admitted {admitted}",
-            t.name()
-        );
-    }
-}
-
 /// A descriptor with no entries is answered OK with no limit, as envoyproxy/ratelimit answers
 /// it (Envoy never sends one, other clients do); with its own `limit` it is limited by that, on
 /// one counter for the whole domain.
@@ -1096,121 +945,4 @@ async fn dynamic_metadata_only_when_asked_in_the_reference_shape(t: &Target) {
         ("team", s("search")),
     ]);
     assert_eq!(decision.dynamic_metadata, Some(expected(only_b)));
-}
-
-/// Asserts that `limiter` answers the failure modes for `[fail_default, fail_allow, fail_deny]`
-/// with `default` as the `--failure-mode`, within the bound, several times over.
-async fn assert_failure_answers(limiter: &TestLimiter, default: FailureMode, v: &str) {
-    let request = req(vec![
-        d(&[("fail_default", v)]),
-        d(&[("fail_allow", v)]),
-        d(&[("fail_deny", v)]),
-    ]);
-    let default_code = match default {
-        FailureMode::Allow => Code::Ok,
-        FailureMode::Deny => Code::OverLimit,
-    };
-    for _ in 0..5 {
-        let started = Instant::now();
-        let decision = ask(limiter, &request).await;
-        let waited = started.elapsed();
-        assert!(waited < OUTAGE_ANSWER_BOUND, "answered after {waited:?}");
-        assert_eq!(
-            codes(&decision),
-            [default_code, Code::Ok, Code::OverLimit],
-            "default {default:?}: {decision:?}"
-        );
-        assert_eq!(decision.overall, Code::OverLimit);
-        // An allowed limit reports itself as untouched.
-        assert_eq!(decision.statuses[1].remaining, 5);
-
-        let started = Instant::now();
-        let decision = ask(
-            limiter,
-            &req(vec![d(&[("fail_allow", v)]), d(&[("fail_default", v)])]),
-        )
-        .await;
-        assert!(started.elapsed() < OUTAGE_ANSWER_BOUND);
-        assert_eq!(
-            decision.overall, default_code,
-            "default {default:?}: {decision:?}"
-        );
-    }
-}
-
-/// A limiter whose deadline is the production default, over a new backend instance of `t`.
-async fn outage_limiter(t: &Target, failure_mode: FailureMode) -> TestLimiter {
-    let settings = Settings {
-        failure_mode,
-        ..Settings::default()
-    };
-    let backend = t.backend_with_timeout(OUTAGE_TIMEOUT).await;
-    Limiter::new(Arc::clone(&CONFIG), backend, settings)
-}
-
-/// With nothing listening where the backend should be, a limiter still starts and answers each
-/// limit's failure_mode, whatever the default.
-async fn unreachable_backend_answers_each_failure_mode(t: &Target) {
-    let nowhere = t.unreachable();
-    let v = fresh("nowhere");
-    for default in [FailureMode::Allow, FailureMode::Deny] {
-        let limiter = outage_limiter(&nowhere, default).await;
-        assert_failure_answers(&limiter, default, &v).await;
-    }
-}
-
-/// The store stops under limiters that were working: each limit answers its failure_mode, and
-/// the same limiters answer for real once the store is back.
-async fn backend_outage_then_recovery(t: &Target) {
-    let mut outage = tokio::task::block_in_place(|| t.private());
-    let lenient = outage_limiter(&outage, FailureMode::Allow).await;
-    let strict = outage_limiter(&outage, FailureMode::Deny).await;
-
-    // Working: a deny limit says OK only when the backend decided. (With the production
-    // deadline a loaded machine may time a call out, which is what the failure mode is for.)
-    let v = fresh("outage");
-    until_decided(&strict, "fail_deny", &v, |s| s.code == Code::Ok).await;
-    tokio::task::block_in_place(|| outage.stop());
-    assert_failure_answers(&lenient, FailureMode::Allow, &v).await;
-    assert_failure_answers(&strict, FailureMode::Deny, &v).await;
-
-    // Back: the same limiters answer for real by themselves. A deny limit only says OK when the
-    // backend decided, and an allow limit reports a count only then. (A 50 ms call that timed
-    // out may still have been counted, hence "at most" below.)
-    tokio::task::block_in_place(|| outage.restart());
-    let w = fresh("recovered");
-    let strict_status = until_decided(&strict, "fail_deny", &w, |s| s.code == Code::Ok).await;
-    assert!(strict_status.remaining <= 4, "{}", t.name());
-    let lenient_status = until_decided(&lenient, "fail_allow", &w, |s| s.remaining < 5).await;
-    assert_eq!(lenient_status.code, Code::Ok);
-    // The counts live in the store: another instance sees them.
-    let observer = limiter(&outage, Settings::default()).await;
-    for (key, status) in [
-        ("fail_deny", &strict_status),
-        ("fail_allow", &lenient_status),
-    ] {
-        let left = units_left(&observer, &[(key, &w)]).await;
-        assert!(left <= status.remaining, "{}: {key}: {left}", t.name());
-    }
-}
-
-/// Asks `limiter` about `key=value` until `decided` accepts the status (a minute at most).
-async fn until_decided(
-    limiter: &TestLimiter,
-    key: &str,
-    value: &str,
-    decided: impl Fn(&Status) -> bool,
-) -> Status {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let decision = ask_one(limiter, d(&[(key, value)])).await;
-        if decided(&decision.statuses[0]) {
-            return decision.statuses[0].clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key}: no real decision a minute after the backend came back: {decision:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

@@ -12,16 +12,18 @@
 //! Every target runs with the local over-limit cache on, as `tollgate serve` does; the
 //! [`cache`] group proves it exact.
 //!
-//! Five groups:
+//! The groups:
 //! - [`limiter`]: requests in, decisions out, on the wall clock: the assertions do not depend on
 //!   the instant (hour- and day-long windows, reset times within ranges, exact where the window
-//!   makes them exact);
+//!   makes them exact); with the same policy, [`counting`] (which hits a limit charges) and
+//!   [`outages`] (each limit's failure mode when the store fails, and the recovery);
 //! - [`clocked`]: the same with an injected clock, where every number is exact (memory, and one
 //!   Redis server told the time with each call);
 //! - [`backend`]: hits in, outcomes out: window math, weighted costs, releases, several limiters
 //!   in one call;
 //! - [`lease`]: leased limits across instances: the invariant under concurrency, an instance
-//!   dying with a slice, a lowered limit, released hits.
+//!   dying with a slice, a lowered limit, released hits;
+//! - [`cache`]: the local over-limit cache never refuses what the store would admit.
 //!
 //! Cases marked `leased` also run with every limit leased on the Redis stores.
 //!
@@ -31,6 +33,8 @@
 mod backend;
 mod cache;
 mod clocked;
+mod counting;
 mod lease;
 mod limiter;
+mod outages;
 mod support;
