@@ -8,12 +8,22 @@
 --          (the caller saturates larger costs at 2^53-1)
 -- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
 --          does not fit is still charged, as envoyproxy/ratelimit counts); absent = 0
--- ARGV[5]  optional decision time in ms since the epoch, for tests (ARGV[4] then present);
---          without it the server's clock (TIME) decides, so the clocks of the tollgate
---          instances do not matter
+-- ARGV[5]  refund horizon H in ms: 0 (or absent) for a final charge, which nothing gives back;
+--          above 0 for a tentative one (a hit of a request with other limits, a leased slice):
+--          the charge may be given back (counter_refund.lua) until F = now + H and never
+--          after, and is tallied as refundable until then (refundable.lua)
+-- ARGV[6]  optional decision time in ms since the epoch, for tests (ARGV[4] and ARGV[5] then
+--          present); without it the server's clock (TIME) decides, so the clocks of the
+--          tollgate instances do not matter
 --
--- The caller leaves out ARGV[4] when it is 0, as it is for nearly every hit: Redis makes every
--- argument a Lua string before the script runs.
+-- The caller leaves out ARGV[4] and ARGV[5] while they are 0, as they are for nearly every
+-- hit: Redis makes every argument a Lua string before the script runs.
+--
+-- The hash also holds the refundable tally (fields "r<s>" and "rf", see refundable.lua). A
+-- refusal says, beside the time until the hit fits, the time it fits *certainly*: with every
+-- unit still refundable taken off both windows' counts (the units are in one or the other, so
+-- this is at most when the hit could fit after any refunds). An instance's local cache keeps a
+-- refusal only that long, so no refund, from any instance, can make room behind it.
 --
 -- Reply, for an admitted charge on the plain path (nearly every call): the text
 --   "<seconds> <microseconds> <prev> <curr>", the decision time as TIME gave it and the counts
@@ -23,13 +33,16 @@
 --   k = floor(now / W), e = now - k*W, and remaining and reset_ms from prev, curr and e. Redis
 --   turns a table answer into a reply by first probing the table for seven special fields,
 --   making a string for each; counted on redis-server, answering this text instead saves the
---   script about 4,500 to 5,600 instructions a call (6.5 to 8%).
--- Reply, otherwise: { admitted (1|0), remaining, reset_ms, k }
+--   script about 4,500 to 5,600 instructions a call (6.5 to 8%). A tentative charge answers the
+--   same: its F is the decision time plus H.
+-- Reply, otherwise: { admitted (1|0), remaining, reset_ms, k, extra }
 --   admitted   c fits: used + c <= L (a check: used <= L)
 --   remaining  floor((L*W - scaled_used) / W) after the charge, if any (at least 0)
 --   reset_ms   admitted: time until every recorded unit has left the window;
 --              refused: time until the same hit would be admitted if nothing else arrived
 --   k          the fixed window the hit was added to (what a refund names)
+--   extra      refused: the time until the hit fits certainly (at most reset_ms); admitted: F
+--              for a tentative charge recorded, else 0
 --
 -- Invariants: a check never writes; an admitted hit never takes window k above L; a refused hit
 -- writes only when ARGV[4] is 1, and then window k holds min(count + c, 2^53-1), so usage may be
@@ -45,7 +58,9 @@
 --
 -- The TTL is set on the first charge of a fixed window only: every later charge of the window
 -- would set the same expiry instant (the end of window k+1 plus the margin), so repeating it
--- would cost a command and change nothing.
+-- would cost a command and change nothing. The margin is min(5 s, W): an idle limiter's key is
+-- gone at most 3W after its last charge for short windows, as late as it always was for long
+-- ones.
 
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   -- Redis < 5 must be told to replicate effects, because TIME is read before writing. Redis 7,
@@ -56,7 +71,7 @@ end
 local BASE = 16777216 -- 2^24, one limb
 local EXACT = 9007199254740992 -- 2^53, the first integer a Lua number may not hold exactly
 local MAX_COUNT = EXACT - 1 -- the most one fixed window records
-local MARGIN_MS = 5000 -- keys outlive their last useful instant by this much
+local MAX_MARGIN_MS = 5000 -- keys outlive their last useful instant by min(this, W)
 
 -- Integers are printed through a C long ('%d'), which costs Redis far less than formatting a
 -- double ('%.0f') and prints the same digits for every value stored (all below 2^53), where a
@@ -75,17 +90,24 @@ end
 -- Records window k's new count and answers it as written; on the window's first charge, also
 -- sets the key's expiry and drops the fields of windows older than k-1 (they can only be left
 -- behind when the window index moves on, and a refund deletes a field it empties, so a first
--- charge is when to look).
+-- charge is when to look), and the tally's fields of seconds that have ended.
 local function record(key, k, field, start, window, now, count, first_in_window)
   local text = int(count)
   redis.call('HSET', key, field, text)
   if first_in_window then
     -- window k counts until the end of window k+1
-    redis.call('PEXPIRE', key, int(start + 2 * window - now + MARGIN_MS))
+    local margin = math.min(MAX_MARGIN_MS, window)
+    redis.call('PEXPIRE', key, int(start + 2 * window - now + margin))
     if redis.call('HLEN', key) > 2 then
+      local second = math.floor(now / 1000)
       for _, name in ipairs(redis.call('HKEYS', key)) do
         local index = tonumber(name)
-        if index == nil or index < k - 1 then
+        local drop = index == nil or index < k - 1
+        if index == nil and string.byte(name, 1) == 114 then -- 'r': the tally's
+          local s = tonumber(string.sub(name, 2))
+          drop = name ~= 'rf' and (s == nil or s < second)
+        end
+        if drop then
           redis.call('HDEL', key, name)
         end
       end
@@ -100,10 +122,14 @@ local window = tonumber(ARGV[2])
 -- The usual cost (1) is compared as text: parsing a number costs Redis a call to strtod.
 local cost = ARGV[3] == '1' and 1 or tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
+local horizon = 0
+if ARGV[5] and ARGV[5] ~= '0' then
+  horizon = tonumber(ARGV[5]) or 0
+end
 local now
 local t -- the decision time as TIME answers it: seconds, microseconds
-if ARGV[5] then
-  now = tonumber(ARGV[5])
+if ARGV[6] then
+  now = tonumber(ARGV[6])
   t = { int(math.floor(now / 1000)), int(now % 1000 * 1000) }
 else
   t = redis.call('TIME')
@@ -139,6 +165,10 @@ if (prev + curr + cost + limit + 1) * window < EXACT then
     local first_in_window = curr == 0
     curr = curr + cost
     local curr_text = record(key, k, field, start, window, now, curr, first_in_window)
+    if admitted and horizon > 0 then
+      -- a tentative charge: refundable until F, and tallied as such until then
+      tally_add(key, now + horizon, cost, now)
+    end
     if admitted then
       -- The short reply (see the header). prev's stored text is answered as it is only when
       -- it is plain digits, as this script writes it: any other text it read as a number
@@ -157,7 +187,22 @@ if (prev + curr + cost + limit + 1) * window < EXACT then
     -- (the argument is at div_floor below)
     remaining = math.floor((full - scaled) / window)
   end
+  -- When a refused hit of counts p (window k-1) and c (window k) fits, if nothing else arrives.
+  local function retry_after(p, c)
+    local budget = full - cost * window
+    if p * (window - elapsed) + c * window <= budget then
+      return 0
+    end
+    local curr_scaled = c * window
+    if curr_scaled <= budget and p > 0 then
+      return start + window - math.floor((budget - curr_scaled) / p) - now
+    elseif c > 0 then
+      return start + 2 * window - math.floor(budget / c) - now
+    end
+    return 0
+  end
   local reset
+  local extra = 0
   if admitted then
     if curr > 0 then
       reset = start + 2 * window - now
@@ -166,20 +211,29 @@ if (prev + curr + cost + limit + 1) * window < EXACT then
     else
       reset = 0
     end
+    if cost > 0 and horizon > 0 then
+      extra = now + horizon
+    end
   elseif cost > limit then
     reset = window
+    extra = window
   else
-    local budget = full - cost * window
-    local curr_scaled = curr * window
-    if curr_scaled <= budget and prev > 0 then
-      reset = start + window - math.floor((budget - curr_scaled) / prev) - now
-    elseif curr > 0 then
-      reset = start + 2 * window - math.floor(budget / curr) - now
+    reset = retry_after(prev, curr)
+    -- the certain time: every refundable unit taken off both counts (see the header)
+    local refundable = tally_units(key, now)
+    if refundable == 0 then
+      extra = reset
     else
-      reset = 0
+      extra = retry_after(math.max(0, prev - refundable), math.max(0, curr - refundable))
+      if extra > reset then
+        extra = reset
+      end
+    end
+    if extra < 0 then
+      extra = 0
     end
   end
-  return { admitted and 1 or 0, remaining, reset, k }
+  return { admitted and 1 or 0, remaining, reset, k, extra }
 end
 
 -- The wide path: the same decision on exact integers of any size.
@@ -352,6 +406,9 @@ if cost > 0 and (admitted or count_refused) then
   end
   curr = after
   record(key, k, field, start, window, now, curr, first_in_window)
+  if admitted and horizon > 0 then
+    tally_add(key, now + horizon, cost, now)
+  end
   scaled = add(mul(prev, window - elapsed), mul(curr, window))
 end
 
@@ -393,4 +450,17 @@ else
   end
 end
 
-return { admitted and 1 or 0, remaining, reset, k }
+-- Counts this large are not worth the exact certain time: with anything refundable, the
+-- refusal is certain for no time at all (the cache then does not keep it).
+local extra = 0
+if admitted then
+  if cost > 0 and horizon > 0 then
+    extra = now + horizon
+  end
+elseif cost > limit then
+  extra = window
+elseif tally_units(key, now) == 0 then
+  extra = reset
+end
+
+return { admitted and 1 or 0, remaining, reset, k, extra }

@@ -13,42 +13,57 @@
 -- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
 --          does not fit is still charged, as envoyproxy/ratelimit counts); absent = 0
 -- ARGV[5]  ahead: 0 for an ordinary hit; for a leased slice, the lease time in ms (at most
---          1000, below MARGIN_MS; a larger one is read as 1000): the entry is stamped this far
---          after the decision, because the slice's hits may be admitted until then and must stay
---          in the window as long as hits admitted then would; absent = 0
--- ARGV[6]  optional decision time in ms since the epoch, for tests (ARGV[4] and ARGV[5] then
+--          a tenth of the window and 1000, below the margin; a larger one is read as that): the
+--          entry is stamped this far after the decision, because the slice's hits may be
+--          admitted until then and must stay in the window as long as hits admitted then would;
+--          absent = 0
+-- ARGV[6]  refund horizon H in ms: 0 (or absent) for a final charge, which nothing gives back;
+--          above 0 for a tentative one (a hit of a request with other limits, a leased slice):
+--          the charge may be given back (log_refund.lua) until F = stamp + H and never after,
+--          and until then it is tallied as refundable (see "refundable" below)
+-- ARGV[7]  optional decision time in ms since the epoch, for tests (ARGV[4] to ARGV[6] then
 --          present); without it the server's clock (TIME) decides
 --
--- The caller leaves out ARGV[4] and ARGV[5] when both are 0, as they are for nearly every hit:
+-- The caller leaves out ARGV[4] to ARGV[6] while they are 0, as they are for nearly every hit:
 -- Redis builds ARGV as a Lua table one argument at a time, and a fifth argument makes it grow
 -- its table a second time (counted on redis-server, the two cost this script about 2,600
 -- instructions a call, 2.4%).
 --
+-- Refundable: the hash KEYS[2] tallies the units of tentative charges by the second their
+-- horizon ends in, field "r<floor(F/1000)>", and field "rf" holds the latest F tallied. A
+-- refusal computes, beside the time until the hit fits, the time it fits *certainly*: with every
+-- unit still refundable (in a field whose second has not ended) given back at once. An
+-- instance's local cache keeps a refusal only that long, so no refund, from any instance, can
+-- make room behind it.
+--
 -- Reply, for an admitted hit that recorded an entry (nearly every call): the text "<id> <sum>",
---   the entry's id and the log's sum after it. The caller knows the rest: remaining = L - sum
+--   the entry's id and the log's sum after it (a tentative charge: "<id> <sum> <F>"). The caller knows the rest: remaining = L - sum
 --   (an admitted hit leaves the sum at most L), reset_ms = W + ahead. Redis turns a table
 --   answer into a reply by first probing the table for seven special fields, making a string
 --   for each; counted on redis-server, answering this text instead of the table saves the
 --   script about 5,400 instructions a call (5.3%).
--- Reply, otherwise: { admitted (1|0), remaining, reset_ms, id }
+-- Reply, otherwise: { admitted (1|0), remaining, reset_ms, id, extra }
 --   admitted   c fits: used + c <= L (a check: used <= L)
 --   remaining  L - used after the charge, if any (at least 0)
 --   reset_ms   admitted: time until the newest entry leaves the window (0 when the log is empty;
 --              the window plus ahead for a recorded entry);
 --              refused: time until enough of the oldest entries have left for the hit to fit
 --   id         the id of the entry recorded (0 when nothing was recorded); a refund names it
+--   extra      refused: the time until the hit fits certainly (at most reset_ms; see
+--              "refundable"); admitted: F for a tentative charge recorded, else 0
 --
 -- Invariants: a check never adds an entry; an admitted hit never takes the sum above L; a refused
 -- hit adds an entry of min(c, L+1) only when ARGV[4] is 1, so the sum may be above L. An entry at
 -- time x is inside the window at t iff x > t - W; entries stamped ahead count in full from the
--- moment they are added. Every key outlives its newest entry's stay in the window (ahead is
--- below MARGIN_MS, so a later call's PEXPIRE never cuts an earlier entry short), and both keys
--- always carry the same expiry. A recorded hit sets the expiry a second MARGIN_MS later,
--- stamp + W + 2*MARGIN_MS, and records it as "exp"; every other call that sets an expiry (the
--- drop of expired entries below, a test's call, the versions before "exp") sets at least its
--- now + W + MARGIN_MS. Neither key therefore expires before exp - MARGIN_MS - MAX_AHEAD_MS,
--- and a recorded hit whose entry leaves the window EXP_SLACK_MS before that need not set the
--- expiry again: for about three seconds after each setting, a hit runs two commands fewer
+-- moment they are added. The margin M is min(5 s, W): an idle log's keys are gone 3W after its
+-- last hit at most for short windows, and the margin of long windows is what it always was.
+-- Every key outlives its newest entry's stay in the window (ahead is at most W/10, below M, so
+-- a later call's PEXPIRE never cuts an earlier entry short), and both keys always carry the
+-- same expiry. A recorded hit sets the expiry a second M later, stamp + W + 2M, and records it
+-- as "exp"; every other call that sets an expiry (the drop of expired entries below, a test's
+-- call, the versions before "exp") sets at least its now + W + M. Neither key therefore expires
+-- before exp - M - max_ahead, and a recorded hit whose entry leaves the window EXP_SLACK_MS
+-- before that need not set the expiry again: for about three seconds after each setting, a hit runs two commands fewer
 -- (counted on redis-server, about 5,600 instructions a call, 5%, when a log is hit about every
 -- second; a log hit less often than every three seconds pays about 1% for "exp"). Costs,
 -- sums and ids stay below 2^53, so plain Lua numbers are exact here.
@@ -59,7 +74,7 @@ if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   redis.replicate_commands()
 end
 
-local MARGIN_MS = 5000 -- keys outlive their newest entry by this much
+local MAX_MARGIN_MS = 5000 -- keys outlive their newest entry by min(this, W)
 local MAX_AHEAD_MS = 1000 -- the longest lease time: a larger ARGV[5] is read as this
 local EXP_SLACK_MS = 1000 -- an entry leaves this long before its keys may, to skip PEXPIREAT
 local SCAN = 64 -- the most entries read per step when looking for the retry time
@@ -88,13 +103,20 @@ local window = tonumber(ARGV[2])
 -- costs Redis a call to strtod.
 local cost = ARGV[3] == '1' and 1 or tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
+local margin = math.min(MAX_MARGIN_MS, window)
+local max_ahead = math.min(MAX_AHEAD_MS, math.max(1, math.floor(window / 10)))
 local ahead = 0
 if ARGV[5] and ARGV[5] ~= '0' then
-  ahead = math.min(tonumber(ARGV[5]) or 0, MAX_AHEAD_MS)
+  ahead = math.min(tonumber(ARGV[5]) or 0, max_ahead)
 end
+local horizon = 0
+if ARGV[6] and ARGV[6] ~= '0' then
+  horizon = tonumber(ARGV[6]) or 0
+end
+local test_time = ARGV[7]
 local now
-if ARGV[6] then
-  now = tonumber(ARGV[6])
+if test_time then
+  now = tonumber(test_time)
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -178,23 +200,29 @@ if entry > 0 then
   local used_text = string.format(INT, used)
   -- Whether the keys' expiry must be set again (see the invariants).
   local exp = tonumber(state[3])
-  if ARGV[6] then
+  if test_time then
     -- A decision time given by a test is not the server's clock, which expiry runs on: the
     -- expiry is set from the server's clock, and no time is recorded.
     redis.call('HSET', meta, 'sum', used_text, 'seq', text_id)
-    local ttl = string.format(INT, window + (stamp - now) + 2 * MARGIN_MS)
+    local ttl = string.format(INT, window + (stamp - now) + 2 * margin)
     redis.call('PEXPIRE', meta, ttl)
     redis.call('PEXPIRE', log, ttl)
-  elseif exp and stamp + window + EXP_SLACK_MS + MARGIN_MS + MAX_AHEAD_MS <= exp then
+  elseif exp and stamp + window + EXP_SLACK_MS + margin + max_ahead <= exp then
     -- the keys outlive this entry's stay already (see the invariants)
     redis.call('HSET', meta, 'sum', used_text, 'seq', text_id)
   else
-    local at = string.format(INT, stamp + window + 2 * MARGIN_MS)
+    local at = string.format(INT, stamp + window + 2 * margin)
     redis.call('HSET', meta, 'sum', used_text, 'seq', text_id, 'exp', at)
     redis.call('PEXPIREAT', meta, at)
     redis.call('PEXPIREAT', log, at)
   end
   if admitted then
+    if horizon > 0 then
+      -- a tentative charge: refundable until F, and tallied as such until then
+      local until_ms = stamp + horizon
+      tally_add(meta, until_ms, entry, now)
+      return text_id .. ' ' .. used_text .. ' ' .. string.format(INT, until_ms)
+    end
     -- the short reply (see the header), from the two numbers already formatted for the hash
     return text_id .. ' ' .. used_text
   end
@@ -203,7 +231,7 @@ elseif changed then
     redis.call('DEL', meta)
   else
     redis.call('HSET', meta, 'sum', string.format(INT, used))
-    local ttl = string.format(INT, window + MARGIN_MS)
+    local ttl = string.format(INT, window + margin)
     redis.call('PEXPIRE', meta, ttl)
     redis.call('PEXPIRE', log, ttl)
   end
@@ -215,6 +243,9 @@ if remaining < 0 then
 end
 
 local reset = 0
+-- refused: how long the refusal stands whatever refundable charges are given back (see
+-- "refundable" in the header); admitted: 0
+local certain = 0
 if admitted then
   if cost > 0 then
     reset = window + ahead
@@ -223,14 +254,21 @@ if admitted then
     reset = tonumber(newest[2]) + window - now
   end
 elseif cost > limit then
-  -- it can never fit: the full window
+  -- it can never fit, whatever is given back: the full window
   reset = window
+  certain = window
 else
   -- drop the oldest entries (this hit's own included, when it was recorded) until the hit
-  -- fits; it fits once the last one dropped has left
+  -- fits; it fits once the last one dropped has left. With every refundable unit given back it
+  -- fits once the log is down to target + refundable: the same walk says when, first.
   local target = limit - cost
+  local refundable = tally_units(meta, now)
   reset = window -- unless the entries say sooner (they always do while the sum agrees with them)
+  certain = -1
   local left = used
+  if left <= target + refundable then
+    certain = 0
+  end
   local from = 0
   -- Every entry costs at least 1, so at most used - target of the oldest must leave: the first
   -- step reads no more than that (a hit one over a full log of single hits reads one entry,
@@ -243,6 +281,9 @@ else
     end
     for i = 1, #batch, 2 do
       left = left - cost_of(batch[i])
+      if certain < 0 and left <= target + refundable then
+        certain = tonumber(batch[i + 1]) + window - now
+      end
       if left <= target then
         reset = tonumber(batch[i + 1]) + window - now
         break
@@ -251,9 +292,15 @@ else
     from = from + step
     step = step * 2
   end
+  if certain < 0 or certain > reset then
+    certain = reset
+  end
 end
 if reset < 0 then
   reset = 0
 end
+if certain < 0 then
+  certain = 0
+end
 
-return { admitted and 1 or 0, remaining, reset, id }
+return { admitted and 1 or 0, remaining, reset, id, certain }

@@ -27,6 +27,24 @@ if keep > cost then
   keep = cost
 end
 
+local until_ms = tonumber(ARGV[4]) or 0
+local untally = tonumber(ARGV[5]) or 0
+local now = nil
+local function clock()
+  if now == nil then
+    if ARGV[6] then
+      now = tonumber(ARGV[6])
+    else
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+  end
+  return now
+end
+if until_ms > 0 and clock() > until_ms then
+  return -1
+end
+
 local stamp = nil
 if keep > 0 then
   stamp = tonumber(redis.call('ZSCORE', log, member))
@@ -37,11 +55,12 @@ end
 if redis.call('ZREM', log, member) == 0 then
   return 0
 end
+if until_ms > 0 and untally > 0 then
+  tally_remove(meta, until_ms, untally)
+end
 if keep > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if now < stamp then
-    stamp = now
+  if clock() < stamp then
+    stamp = clock()
   end
   redis.call('ZADD', log, string.format('%.0f', stamp), ARGV[1] .. ':' .. string.format('%.0f', keep))
 end

@@ -307,10 +307,7 @@ fn metrics_options(settings: &Settings) -> MetricsOptions {
         near_limit_ratio: settings.behaviour.near_limit_ratio as f32,
         max_request_keys: stats.max_request_keys,
         per_limit: !stats.per_limit_disabled,
-        local_cache: settings
-            .behaviour
-            .local_cache_bytes(&settings.backend.store)
-            > 0,
+        local_cache: settings.behaviour.local_cache_bytes() > 0,
     }
 }
 
@@ -349,8 +346,13 @@ async fn connect_backend(settings: &Settings) -> anyhow::Result<backend::Stack> 
         ),
         None => None,
     };
-    let cache_bytes = settings.behaviour.local_cache_bytes(&backend.store);
-    tracing::info!(budget_bytes = cache_bytes, "local over-limit cache");
+    let cache_bytes = settings.behaviour.local_cache_bytes();
+    let answer_counted = settings.behaviour.local_cache_answers_counted();
+    tracing::info!(
+        budget_bytes = cache_bytes,
+        answers_counting_all = answer_counted,
+        "local over-limit cache"
+    );
     let (cache_clock, shared): (Arc<dyn Clock>, bool) = match &backend.store {
         // The memory backend decides by this clock: the cache reads the very same one.
         Store::Memory => (clock, false),
@@ -360,8 +362,11 @@ async fn connect_backend(settings: &Settings) -> anyhow::Result<backend::Stack> 
     Ok(backend::stack(
         main,
         per_second,
-        cache_clock,
-        cache_bytes,
+        backend::CacheOptions {
+            clock: cache_clock,
+            bytes: cache_bytes,
+            answer_counted,
+        },
         shared,
     ))
 }

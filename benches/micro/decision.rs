@@ -59,9 +59,12 @@ fn limiter() -> Arc<Limiter<backend::Stack>> {
     let stack = backend::stack(
         store,
         None,
-        clock,
-        // The cache's budget as `tollgate serve` sets it for the memory backend.
-        backend::local_cache::DEFAULT_BYTES,
+        // The cache as `tollgate serve` sets it by default.
+        backend::CacheOptions {
+            clock,
+            bytes: backend::local_cache::DEFAULT_BYTES,
+            answer_counted: false,
+        },
         false,
     );
     Arc::new(Limiter::new(Arc::new(config), stack, Settings::default()))

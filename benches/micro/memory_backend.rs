@@ -26,6 +26,7 @@ fn hits(keys: usize, algorithm: Algorithm, limit: u64, shards: u16) -> Vec<Hit> 
             counting: Counting::Admitted,
             shards,
             lease_ms: 0,
+            tentative: false,
         })
         .collect()
 }

@@ -112,6 +112,9 @@ struct Slice {
     remaining: u64,
     /// The store's `reset_ms` at reservation.
     reset_ms: u64,
+    /// Whether a hit of a request with other limits was spent from it: such a hit may be given
+    /// back after the slice is settled, so its units stay refundable in the store.
+    tentative: bool,
 }
 
 /// A settled slice, kept a little while so that a late release of one of its hits can still be
@@ -137,6 +140,9 @@ struct Slot {
     settled: Vec<Settled>,
     /// What the store last said was left, in the limit's units (`None` before the first answer).
     last_remaining: Option<u64>,
+    /// The units this instance asked of the limit over one lease, as the last settled slice
+    /// showed (0 before any): what the next slice is sized by.
+    demand: u64,
 }
 
 /// The leasing layer: hits with `lease_ms > 0` are answered from slices, everything else goes
@@ -203,53 +209,84 @@ impl<B: Backend> Leased<B> {
         slot
     }
 
-    /// How many units to reserve for a hit of `cost`: the limit's rate (per shard) over the
-    /// lease, at most half of what the store last said was left, at least the hit's own cost.
-    fn want(hit: &Hit, cost: u64, last_remaining: Option<u64>) -> u64 {
+    /// How many units to reserve for a hit of `cost`: the demand this instance showed over a
+    /// lease, or the limit's rate (per shard) over the lease when that is more; at most half of
+    /// what the store last said was left (per shard), so an instance that dies holding a slice
+    /// strands at most that; at least the hit's own cost.
+    fn want(hit: &Hit, cost: u64, slot: &Slot) -> u64 {
         let shards = u64::from(hit.shards.max(1));
         let per_shard = hit.limit / shards;
         let rate =
             u128::from(per_shard) * u128::from(hit.lease_ms) / u128::from(hit.window_ms.max(1));
-        let mut want = u64::try_from(rate).unwrap_or(u64::MAX).max(1);
-        if let Some(left) = last_remaining {
+        let mut want = u64::try_from(rate)
+            .unwrap_or(u64::MAX)
+            .max(slot.demand)
+            .max(1);
+        if let Some(left) = slot.last_remaining {
             want = want.min((left / shards / 2).max(1));
         }
         want.max(cost)
     }
 
+    /// The units asked over one lease of `lease_ms`, as `slice` shows when it is settled at
+    /// `now` with `asking` more units wanted (the hit that found it used up, or 0): a slice used
+    /// up before its lease ended ran at its rate for the whole lease, at most four times its
+    /// size (so a burst grows slices by a factor of four a reservation, and a lull in it cannot
+    /// make one huge); one that lived its lease shows what was spent in it.
+    fn demand(slice: &Slice, now: u64, asking: u64, lease_ms: u64) -> u64 {
+        let lived = now.saturating_sub(slice.granted_ms).max(1);
+        let asked = slice.spent.saturating_add(asking);
+        if asking > 0 && lived < lease_ms {
+            let rate = u128::from(asked) * u128::from(lease_ms) / u128::from(lived);
+            u64::try_from(rate)
+                .unwrap_or(u64::MAX)
+                .min(slice.grant.cost.saturating_mul(4))
+        } else {
+            slice.spent
+        }
+    }
+
     /// Gives back what `slice` did not spend, keeping the rest charged (a log's entry moves back
-    /// to now). Nothing can be spent from it any more. Best effort: when it fails, the unspent
-    /// units stay charged until they leave the window, which never admits too much.
-    async fn settle(&self, slot: &mut Slot, slice: Slice) {
+    /// to now) and, unless a hit that may still be given back was spent from it, final in the
+    /// store, whose refusals stop counting it as refundable. Nothing can be spent from it any
+    /// more. Best effort: when it fails, the unspent units stay charged until they leave the
+    /// window, which never admits too much. `asking`: the units of the hit that found it used
+    /// up (0 when its lease ended), for sizing the next slice.
+    async fn settle(&self, slot: &mut Slot, slice: Slice, asking: u64, lease_ms: u64) {
+        let now = self.clock.now_ms();
+        slot.demand = Self::demand(&slice, now, asking, lease_ms);
         let kept = Receipt {
             keep: slice.spent,
+            keep_refundable: slice.tentative,
             ..slice.grant.clone()
         };
         metrics()
             .returned
             .inc_by(slice.grant.cost.saturating_sub(slice.spent));
-        let must_call =
-            slice.spent < slice.grant.cost || slice.grant.algorithm == Algorithm::SlidingWindowLog;
-        if must_call && let Err(error) = self.inner.release(std::slice::from_ref(&kept)).await {
+        // Always called, a slice spent to the last unit too: the store counts the slice as
+        // refundable until it hears that it is settled.
+        if let Err(error) = self.inner.release(std::slice::from_ref(&kept)).await {
             tracing::debug!(
                 %error,
                 "a leased slice could not be settled; its unspent units stay charged until \
                  they leave the window"
             );
         }
-        let now = self.clock.now_ms();
         // A release comes within its request: slices settled a lease ago are past needing.
         slot.settled
             .retain(|settled| now.saturating_sub(settled.settled_ms) < MAX_LEASE_MS);
         if slot.settled.len() >= SETTLED_KEPT {
             slot.settled.remove(0);
         }
-        if slice.spent > 0 {
+        // Only hits of requests with other limits are ever given back, and only their slices
+        // kept their units refundable.
+        if slice.spent > 0 && slice.tentative {
             slot.settled.push(Settled {
                 id: slice.id,
                 kept: Receipt {
                     cost: slice.spent,
                     keep: 0,
+                    keep_refundable: true,
                     ..slice.grant
                 },
                 settled_ms: now,
@@ -269,6 +306,7 @@ impl<B: Backend> Leased<B> {
         {
             metrics().answers.inc();
             slice.spent += cost;
+            slice.tentative |= hit.tentative;
             let left = slice.grant.cost - slice.spent;
             let remaining = slice.remaining.saturating_add(left).min(hit.limit);
             return Ok(Outcome {
@@ -288,17 +326,23 @@ impl<B: Backend> Leased<B> {
                     released_remaining: remaining.saturating_add(cost).min(hit.limit),
                     keep: 0,
                     leased: true,
+                    refundable_until_ms: 0,
+                    keep_refundable: false,
                 }),
                 cached: false,
+                stands_ms: 0,
             });
         }
         if let Some(slice) = slot.slice.take() {
-            self.settle(&mut slot, slice).await;
+            let asking = if now < slice.deadline_ms { cost } else { 0 };
+            self.settle(&mut slot, slice, asking, hit.lease_ms).await;
         }
 
-        let want = Self::want(hit, cost, slot.last_remaining);
+        let want = Self::want(hit, cost, &slot);
         let reservation = Hit {
             cost: Cost::Consume(want),
+            // Its unspent units go back when it settles.
+            tentative: true,
             // A refused reservation larger than the hit must not be charged: the hit itself is
             // asked for next, and charged then if its counting says so.
             counting: if want > cost {
@@ -365,6 +409,7 @@ impl<B: Backend> Leased<B> {
             granted_ms: sent_ms,
             remaining: outcome.verdict.remaining,
             reset_ms: outcome.verdict.reset_ms,
+            tentative: hit.tentative,
         });
         Ok(Outcome {
             verdict: Verdict {
@@ -381,8 +426,11 @@ impl<B: Backend> Leased<B> {
                 released_remaining: remaining.saturating_add(cost).min(hit.limit),
                 keep: 0,
                 leased: true,
+                refundable_until_ms: 0,
+                keep_refundable: false,
             }),
             cached: false,
+            stands_ms: 0,
         })
     }
 
@@ -520,7 +568,7 @@ impl<B: Backend> Backend for Leased<B> {
                 .is_some_and(|slice| now >= slice.deadline_ms)
                 && let Some(slice) = held.slice.take()
             {
-                self.settle(&mut held, slice).await;
+                self.settle(&mut held, slice, 0, lease_ms(key.2)).await;
                 continue;
             }
             if held.slice.is_none()
@@ -582,6 +630,7 @@ mod tests {
             counting: Counting::Admitted,
             shards: 1,
             lease_ms: lease_ms(W),
+            tentative: false,
         }
     }
 
@@ -666,7 +715,11 @@ mod tests {
     async fn a_released_hit_goes_back_to_the_slice_or_the_store() {
         for algorithm in BOTH {
             let (backend, clock) = leased_at(1_000_000);
-            let hit = leased_hit("a", algorithm, 1000);
+            // Released hits are those of requests with other limits.
+            let hit = Hit {
+                tentative: true,
+                ..leased_hit("a", algorithm, 1000)
+            };
             let kept = one(&backend, &hit).await;
             let released = one(&backend, &hit).await;
             let late = one(&backend, &hit).await;

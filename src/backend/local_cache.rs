@@ -3,30 +3,32 @@
 //! OVER_LIMIT from process memory, with no backend call. Under attack (one key far over its
 //! limit) almost every decision is then a lookup.
 //!
-//! It never refuses a hit the backend would admit, but for the two cases below. Why (the full
-//! argument is in docs/local-cache.md):
+//! It never refuses a hit the backend would admit, across any number of instances, but after
+//! the store lost data. Why (the full argument is in docs/local-cache.md):
 //! - Without other traffic, a window's usage only goes down as time passes, so admission is
 //!   monotone in time: the backend's `reset_ms` of a refusal is the earliest instant `T` the same
 //!   hit fits, and every instant before `T` refuses it. Other traffic (this or another instance)
 //!   only adds usage, so it only moves `T` later.
+//! - Refunds lower usage. A shared store tallies the charges that may still be given back (a
+//!   request's tentative charges, leased slices, each only within its refund horizon) and says
+//!   how long a refusal stands with all of them given back ([`Outcome::stands_ms`]): the entry
+//!   lasts that long, so no refund by another instance can make room behind it.
 //! - Admission is monotone in cost too, so a cost at least the refused one is refused until `T`.
-//! - The entry's instant is the clock reading taken *before* the backend call plus `reset_ms`:
+//! - The entry's instant is the clock reading taken *before* the backend call plus `stands_ms`:
 //!   the backend decided at or after that reading, so the entry never outlives `T`.
 //! - An entry is keyed by the storage key and everything else that decides the answer (limit,
 //!   window, algorithm): a reload that changes the limit misses the entry.
-//! - A release (the limiter giving back a rejected request's charges) lowers usage: it drops the
-//!   entries of the windows it refunds, and a refusal whose backend call overlapped a release of
-//!   its window is not cached.
+//! - A release by this instance drops the entries of the windows it refunds, and a refusal whose
+//!   backend call overlapped a release of its window is not cached.
 //!
-//! Two cases answer from state the backend no longer holds, until the entry's instant at most:
-//! the backend losing its data (a Redis restart or flush, the memory backend evicting a live
-//! window under its budget), and a refund made by *another* instance after the refusal was seen
-//! here. The second is why `tollgate serve` turns the cache on by default only in front of the
-//! memory backend, which no other instance shares.
+//! The store losing its data (a Redis restart or flush, the memory backend evicting a live window
+//! under its budget) is the one case it answers from state the store no longer holds, until the
+//! entry's instant at most.
 //!
 //! Under [`Counting::All`](crate::window::Counting::All) the backend would have charged every
-//! refused hit; answering locally skips those charges (as envoyproxy/ratelimit's local cache
-//! does), which can only make the backend admit earlier, never refuse more.
+//! refused hit: such hits are answered here only when [`LocalCache::answering_counted`] says so
+//! (as envoyproxy/ratelimit's local cache does, skipping those charges, which can only make the
+//! backend admit earlier, never refuse more); otherwise they always go to the backend.
 //!
 //! Place it below sharding ([`super::Sharded`] over this): its entries are per shard window, so
 //! a sharded limit is answered locally only when each shard it tries is known full.
@@ -54,7 +56,7 @@ use crate::backend::{
     Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
 };
 use crate::clock::Clock;
-use crate::window::{self, Algorithm, Cost, Verdict};
+use crate::window::{self, Algorithm, Cost, Counting, Verdict};
 
 /// The cache's budget when it is on and no budget is given.
 pub const DEFAULT_BYTES: u64 = 8 << 20;
@@ -76,8 +78,12 @@ struct Entry {
     window_ms: u64,
     /// The smallest cost refused (a larger one cannot fit where it did not).
     cost: u64,
-    /// The earliest instant (the cache clock's milliseconds) the refused cost could be admitted.
+    /// Until when (the cache clock's milliseconds) the refusal stands certainly: the backend's
+    /// decision time plus its [`Outcome::stands_ms`]. Answered until then.
     until_ms: u64,
+    /// The earliest instant the refused cost could be admitted if nothing is given back (the
+    /// decision plus its `reset_ms`): what an answer reports as its reset.
+    reset_at_ms: u64,
     /// What the refusal reported as left (what a smaller hit could use then).
     remaining: u64,
 }
@@ -303,6 +309,9 @@ pub struct LocalCache<B> {
     releases: [AtomicU64; STRIPES],
     /// Hits answered here, by this instance (for tests and benchmarks).
     answered: AtomicU64,
+    /// Whether hits under [`Counting::All`] are answered here too, skipping the charge the
+    /// backend would have made of each refusal (see [`LocalCache::answering_counted`]).
+    answer_counted: bool,
 }
 
 impl<B: std::fmt::Debug> std::fmt::Debug for LocalCache<B> {
@@ -337,7 +346,17 @@ impl<B> LocalCache<B> {
             held: AtomicUsize::new(0),
             releases: std::array::from_fn(|_| AtomicU64::new(0)),
             answered: AtomicU64::new(0),
+            answer_counted: true,
         }
+    }
+
+    /// Whether hits under [`Counting::All`] are answered from the cache (`true`, the default of
+    /// [`LocalCache::new`]: as envoyproxy/ratelimit's local cache does, a refusal answered here
+    /// is not charged, where the backend would have charged it), or always asked of the backend,
+    /// which charges them (`false`: what is charged is what it would be without the cache).
+    pub fn answering_counted(mut self, answer: bool) -> Self {
+        self.answer_counted = answer;
+        self
     }
 
     /// The wrapped backend.
@@ -394,6 +413,9 @@ impl<B> LocalCache<B> {
             // never stored.
             return Looked::Ask;
         };
+        if hit.counting == Counting::All && !self.answer_counted {
+            return Looked::Ask;
+        }
         let hash = self.hash(&hit.key);
         let stripe = self.stripe(Self::stripe_index(hash));
         let Some(entry) = stripe.find(hash, &hit.key) else {
@@ -408,7 +430,7 @@ impl<B> LocalCache<B> {
         let reset_ms = if units > hit.limit {
             hit.window_ms
         } else {
-            (entry.until_ms - now_ms).max(1)
+            entry.reset_at_ms.saturating_sub(now_ms).max(1)
         };
         Looked::Cached(Outcome {
             verdict: Verdict {
@@ -418,16 +440,22 @@ impl<B> LocalCache<B> {
             },
             receipt: None,
             cached: true,
+            stands_ms: (entry.until_ms - now_ms).min(reset_ms),
         })
     }
 
     /// Stores the backend's refusal of `hit`, decided no earlier than `before_ms`, unless a
-    /// release of its stripe happened since `since` was read.
-    fn store(&self, hit: &Hit, verdict: &Verdict, before_ms: u64, since: &Releases) {
+    /// release of its stripe happened since `since` was read. It is kept for as long as it
+    /// stands certainly ([`Outcome::stands_ms`]), which other instances' refunds cannot cut.
+    fn store(&self, hit: &Hit, outcome: &Outcome, before_ms: u64, since: &Releases) {
         let Cost::Consume(units) = window::normalize_cost(hit.cost) else {
             return;
         };
-        let until_ms = before_ms.saturating_add(verdict.reset_ms);
+        if hit.counting == Counting::All && !self.answer_counted {
+            return;
+        }
+        let verdict = &outcome.verdict;
+        let until_ms = before_ms.saturating_add(outcome.stands_ms.min(verdict.reset_ms));
         if until_ms <= self.clock.now_ms() {
             return;
         }
@@ -437,6 +465,7 @@ impl<B> LocalCache<B> {
             window_ms: hit.window_ms,
             cost: units,
             until_ms,
+            reset_at_ms: before_ms.saturating_add(verdict.reset_ms),
             remaining: verdict.remaining,
         };
         let m = metrics();
@@ -510,7 +539,7 @@ impl<B> LocalCache<B> {
             if let Ok(outcome) = result
                 && !outcome.verdict.admitted
             {
-                self.store(hit, &outcome.verdict, before_ms, since);
+                self.store(hit, outcome, before_ms, since);
             }
         }
     }

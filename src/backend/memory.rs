@@ -252,13 +252,23 @@ impl MemoryBackend {
                 released_remaining: verdict.remaining.saturating_add(units),
                 keep: 0,
                 leased: false,
+                refundable_until_ms: 0,
+                keep_refundable: false,
             }),
             _ => None,
+        };
+        // Every refund of a window in this process goes through this instance (and its local
+        // cache drops what it refunds): a refusal stands as long as the window says.
+        let stands_ms = if verdict.admitted {
+            0
+        } else {
+            verdict.reset_ms
         };
         Outcome {
             verdict,
             receipt,
             cached: false,
+            stands_ms,
         }
     }
 

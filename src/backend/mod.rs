@@ -46,6 +46,12 @@ pub struct Hit {
     /// hit reserves a slice that may be spent until this long after the decision, so a log
     /// records it as if made then (a counter's slice never outlives its fixed window).
     pub lease_ms: u64,
+    /// Whether the charge may be given back ([`Backend::release`]) after it was decided: the
+    /// request has other limits, any of which may refuse it, or the hit reserves a leased slice
+    /// whose unspent units go back. A shared store keeps such a charge refundable for a bounded
+    /// time only, and its refusals meanwhile say how long they stand even if it is given back
+    /// ([`Outcome::stands_ms`]). `false`: the charge is final, nothing ever gives it back.
+    pub tentative: bool,
 }
 
 /// The verdict on one hit and, when it was admitted and consumed something, how to give it back.
@@ -59,6 +65,11 @@ pub struct Outcome {
     pub receipt: Option<Receipt>,
     /// Whether the local over-limit cache answered, without asking the store.
     pub cached: bool,
+    /// For a refusal: how long from the decision it stands whatever the charges still
+    /// refundable in the store are given back, by this instance or any other (at most
+    /// `verdict.reset_ms`; equal to it when nothing refundable is pending). What the local
+    /// over-limit cache keeps the refusal for. 0 for an admitted hit.
+    pub stands_ms: u64,
 }
 
 /// Proof of one admitted charge, enough for the backend that issued it to undo it.
@@ -85,6 +96,15 @@ pub struct Receipt {
     /// Issued by [`lease::Leased`] for a hit answered from a slice: `token` names the slice,
     /// and only that layer can give the charge back.
     pub leased: bool,
+    /// For a tentative charge in a shared store: until when (the store's clock, ms since the
+    /// epoch) it may be given back; the store refuses a later refund and the charge stands
+    /// (fewer admissions, never more). 0: no deadline (a store in this process, where every
+    /// refund goes through this instance's cache).
+    pub refundable_until_ms: u64,
+    /// Whether the units kept (`keep`) may themselves still be given back later: a settled
+    /// slice that admitted hits of requests with other limits. Otherwise a release makes them
+    /// final.
+    pub keep_refundable: bool,
 }
 
 /// Why a backend could not decide.
@@ -166,19 +186,29 @@ pub trait Backend: Send + Sync + 'static {
 /// above it (so a slice comes from one shard).
 pub type Stack = lease::Leased<Sharded<LocalCache<PerSecond<AnyBackend>>>>;
 
+/// How the [`Stack`]'s local over-limit cache is made.
+pub struct CacheOptions {
+    /// What times its entries: the clock the store decides by when it is in this process, a
+    /// monotonic one when the store reads its own.
+    pub clock: std::sync::Arc<dyn crate::clock::Clock>,
+    /// Its byte budget (0: off).
+    pub bytes: u64,
+    /// Whether it answers hits under `counting: all` ([`LocalCache::answering_counted`]).
+    pub answer_counted: bool,
+}
+
 /// Builds the [`Stack`] over `main` (and `per_second`, the store of per-second limits if they
-/// have their own). The cache holds `cache_bytes` (0: off), timed by `cache_clock`: the clock
-/// the store decides by when it is in this process, a monotonic one when the store reads its
-/// own. Leases are on only when the store is `shared` by instances: in one process every hit is
-/// already local, and leases would only add work.
+/// have their own), with the local over-limit cache `cache` describes. Leases are on only when
+/// the store is `shared` by instances: in one process every hit is already local, and leases
+/// would only add work.
 pub fn stack(
     main: AnyBackend,
     per_second: Option<AnyBackend>,
-    cache_clock: std::sync::Arc<dyn crate::clock::Clock>,
-    cache_bytes: u64,
+    cache: CacheOptions,
     shared: bool,
 ) -> Stack {
-    let cached = LocalCache::new(PerSecond::new(main, per_second), cache_clock, cache_bytes);
+    let cached = LocalCache::new(PerSecond::new(main, per_second), cache.clock, cache.bytes)
+        .answering_counted(cache.answer_counted);
     lease::Leased::new(
         Sharded::new(cached),
         std::sync::Arc::new(crate::clock::MonotonicClock::new()),
@@ -296,7 +326,16 @@ mod tests {
             Arc::new(SystemClock),
             1 << 20,
         );
-        let whole = stack(memory(), None, Arc::new(SystemClock), 1 << 20, true);
+        let whole = stack(
+            memory(),
+            None,
+            CacheOptions {
+                clock: Arc::new(SystemClock),
+                bytes: 1 << 20,
+                answer_counted: true,
+            },
+            true,
+        );
         let memory_backend = MemoryBackend::new();
 
         let memory_future = size_of_val(&memory_backend.acquire(&hits));

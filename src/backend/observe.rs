@@ -98,6 +98,7 @@ struct Observer {
     log: Mutex<HashMap<(&'static str, FailureKind), Burst>>,
     /// Set while some failure is going on; lets every success skip the lock.
     failing: AtomicBool,
+    late_refunds: Counter,
 }
 
 /// One kind of failure of one backend while it lasts.
@@ -121,6 +122,7 @@ fn observer() -> &'static Observer {
         two_shards: OnceLock::new(),
         log: Mutex::new(HashMap::new()),
         failing: AtomicBool::new(false),
+        late_refunds: Counter::default(),
     })
 }
 
@@ -145,6 +147,28 @@ pub fn register(registry: &mut Registry) {
          refused and another was tried",
         observer.shard_hits.clone(),
     );
+    registry.register(
+        "backend_late_refunds",
+        "Refunds a shared store refused because they came after the charge's refund horizon: \
+         the charges stand (fewer admissions later, never more)",
+        observer.late_refunds.clone(),
+    );
+}
+
+/// Counts `refunds` the store refused as too late.
+pub fn late_refunds(refunds: usize) {
+    if refunds > 0 {
+        observer().late_refunds.inc_by(refunds as u64);
+        tracing::debug!(
+            refunds,
+            "refunds came after their charges' refund horizon; the charges stand"
+        );
+    }
+}
+
+/// Refunds refused as too late since start, in this process.
+pub fn late_refunds_total() -> u64 {
+    observer().late_refunds.get()
 }
 
 /// The series of `labels` in `family`, taken from the family the first time and kept in `slot`:

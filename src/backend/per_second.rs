@@ -183,6 +183,7 @@ mod tests {
             counting: Counting::Admitted,
             shards: 1,
             lease_ms: 0,
+            tentative: false,
         }
     }
 

@@ -117,6 +117,7 @@ impl<B: ShardKeys> Sharded<B> {
             counting,
             shards: 1,
             lease_ms: hit.lease_ms,
+            tentative: hit.tentative,
         }
     }
 }
@@ -338,6 +339,7 @@ pub(crate) mod tests {
             counting: Counting::Admitted,
             shards,
             lease_ms: 0,
+            tentative: false,
         }
     }
 

@@ -442,6 +442,8 @@ impl<B: Backend> Limiter<B> {
                         } else {
                             0
                         },
+                        // Settled below, once every hit of the request is known.
+                        tentative: false,
                     });
                     Plan::Limited {
                         limit,
@@ -454,6 +456,14 @@ impl<B: Backend> Limiter<B> {
                 }
             };
             plans.push(plan);
+        }
+        // A charge is given back when another limit of the request refuses it (`refundable`),
+        // so with more than one hit every charge that a refusal does not keep is tentative; a
+        // lone hit's charge is final.
+        if hits.len() > 1 {
+            for hit in hits.iter_mut() {
+                hit.tentative = hit.counting == Counting::Admitted;
+            }
         }
         plans
     }

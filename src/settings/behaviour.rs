@@ -5,7 +5,6 @@
 use super::SettingsError;
 use super::env::Env;
 use super::flags::Flags;
-use crate::backend::Store;
 
 /// Settings whose behaviour other parts of tollgate implement (or will); parsed and checked here.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,16 +19,21 @@ pub struct Behaviour {
 }
 
 impl Behaviour {
-    /// The local over-limit cache's budget in front of `store`: as set, else on for the memory
-    /// backend (every release goes through this process, so the cache is exact) and off for Redis
-    /// (another instance's refund of a rejected request's charge is not seen here, and an entry
-    /// would keep refusing what that refund made room for).
-    pub fn local_cache_bytes(&self, store: &Store) -> u64 {
-        match (self.local_cache_size_in_bytes, store) {
-            (Some(bytes), _) => bytes,
-            (None, Store::Memory) => crate::backend::local_cache::DEFAULT_BYTES,
-            (None, Store::Redis(_)) => 0,
-        }
+    /// The local over-limit cache's budget: as set, else on with
+    /// [`DEFAULT_BYTES`](crate::backend::local_cache::DEFAULT_BYTES) in front of every store. It
+    /// is exact across instances: a shared store says how long each refusal stands whatever
+    /// other instances give back, and the cache keeps it no longer.
+    pub fn local_cache_bytes(&self) -> u64 {
+        self.local_cache_size_in_bytes
+            .unwrap_or(crate::backend::local_cache::DEFAULT_BYTES)
+    }
+
+    /// Whether the cache answers hits under `counting: all` too, skipping the charge the store
+    /// would make of each refusal, as envoyproxy/ratelimit's local cache does: only when its size
+    /// was set (`LOCAL_CACHE_SIZE_IN_BYTES`, `--local-cache-bytes`), as the reference's cache is
+    /// on only then. On by default, the cache never changes what is charged.
+    pub fn local_cache_answers_counted(&self) -> bool {
+        self.local_cache_size_in_bytes.is_some()
     }
 }
 

@@ -235,9 +235,10 @@ pub struct Flags {
     #[arg(long, env = "TOLLGATE_MEMORY_BUDGET", value_parser = parse_bytes)]
     pub memory_budget: Option<usize>,
     /// The most bytes the local over-limit cache holds (e.g. `8MiB`); `0` turns it off. It
-    /// answers a hit the backend refused, until the instant the backend could admit it, without
-    /// a backend call (also LOCAL_CACHE_SIZE_IN_BYTES) [default: 8MiB with the memory backend, 0
-    /// (off) with Redis, where other instances' refunds are not seen].
+    /// answers a hit the backend refused, for as long as the refusal stands whatever any
+    /// instance gives back, without a backend call (also LOCAL_CACHE_SIZE_IN_BYTES); set, it
+    /// also answers `counting: all` hits without charging them, as envoyproxy/ratelimit's cache
+    /// does [default: 8MiB].
     #[arg(long, env = "TOLLGATE_LOCAL_CACHE_BYTES", value_parser = parse_size)]
     pub local_cache_bytes: Option<usize>,
     /// The most decisions in flight at once (gRPC and POST /json together); past it a call is

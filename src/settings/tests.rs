@@ -596,16 +596,20 @@ fn the_references_behaviour_switches_apply() {
 }
 
 #[test]
-fn the_local_cache_is_on_for_memory_off_for_redis_unless_set() {
+fn the_local_cache_is_on_for_every_backend_unless_set() {
     use crate::backend::local_cache::DEFAULT_BYTES;
     let memory = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();
     assert_eq!(memory.behaviour.local_cache_size_in_bytes, None);
-    assert_eq!(
-        memory.behaviour.local_cache_bytes(&memory.backend.store),
-        DEFAULT_BYTES
-    );
+    assert_eq!(memory.behaviour.local_cache_bytes(), DEFAULT_BYTES);
     let redis = resolve(Entry::Reference, &Flags::default(), &[]).unwrap();
-    assert_eq!(redis.behaviour.local_cache_bytes(&redis.backend.store), 0);
+    assert!(matches!(
+        redis.backend.store,
+        crate::backend::Store::Redis(_)
+    ));
+    assert_eq!(redis.behaviour.local_cache_bytes(), DEFAULT_BYTES);
+    // On by default it never skips a charge; set, it answers `counting: all` hits as the
+    // reference's cache does.
+    assert!(!redis.behaviour.local_cache_answers_counted());
 
     // The reference's variable, 0 included, and the flag over it.
     let set = |vars: &[(&str, &str)], flag: Option<usize>| {
@@ -614,29 +618,28 @@ fn the_local_cache_is_on_for_memory_off_for_redis_unless_set() {
             ..config_flag()
         };
         let settings = resolve(Entry::Tollgate, &flags, vars).unwrap();
-        settings
-            .behaviour
-            .local_cache_bytes(&settings.backend.store)
+        (
+            settings.behaviour.local_cache_bytes(),
+            settings.behaviour.local_cache_answers_counted(),
+        )
     };
-    assert_eq!(set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "0")], None), 0);
-    assert_eq!(set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "65536")], None), 65_536);
+    assert_eq!(set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "0")], None), (0, true));
+    assert_eq!(
+        set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "65536")], None),
+        (65_536, true)
+    );
     assert_eq!(
         set(&[("LOCAL_CACHE_SIZE_IN_BYTES", "65536")], Some(1 << 20)),
-        1 << 20
+        (1 << 20, true)
     );
-    assert_eq!(set(&[], Some(0)), 0);
+    assert_eq!(set(&[], Some(0)), (0, true));
     let redis_on = resolve(
         Entry::Reference,
         &Flags::default(),
         &[("LOCAL_CACHE_SIZE_IN_BYTES", "1000000")],
     )
     .unwrap();
-    assert_eq!(
-        redis_on
-            .behaviour
-            .local_cache_bytes(&redis_on.backend.store),
-        1_000_000
-    );
+    assert_eq!(redis_on.behaviour.local_cache_bytes(), 1_000_000);
     assert!(
         error(Entry::Tollgate, &[("LOCAL_CACHE_SIZE_IN_BYTES", "-1")])
             .contains("LOCAL_CACHE_SIZE_IN_BYTES")

@@ -209,7 +209,7 @@ impl Backend for ClockedRedis {
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
-        self.inner.release(receipts).await
+        self.inner.release_at(receipts, self.clock.now_ms()).await
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
@@ -283,6 +283,7 @@ impl ShardKeys for ClockedStore {
 pub struct CountCalls<B = AnyBackend> {
     inner: Arc<B>,
     hits: Arc<AtomicU64>,
+    refunds: Arc<AtomicU64>,
 }
 
 impl<B> Clone for CountCalls<B> {
@@ -290,6 +291,7 @@ impl<B> Clone for CountCalls<B> {
         CountCalls {
             inner: Arc::clone(&self.inner),
             hits: Arc::clone(&self.hits),
+            refunds: Arc::clone(&self.refunds),
         }
     }
 }
@@ -300,12 +302,18 @@ impl<B> CountCalls<B> {
         CountCalls {
             inner: Arc::new(inner),
             hits: Arc::default(),
+            refunds: Arc::default(),
         }
     }
 
     /// Hits decided by the store so far.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Receipts given back to the store so far (each one script call on Redis).
+    pub fn refunds(&self) -> u64 {
+        self.refunds.load(Ordering::SeqCst)
     }
 }
 
@@ -316,6 +324,8 @@ impl<B: Backend> Backend for CountCalls<B> {
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
+        self.refunds
+            .fetch_add(receipts.len() as u64, Ordering::SeqCst);
         self.inner.release(receipts).await
     }
 

@@ -29,6 +29,15 @@ pub fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Co
         counting: Counting::Admitted,
         shards: 1,
         lease_ms: 0,
+        tentative: false,
+    }
+}
+
+/// The same hit as one of a request with other limits: its charge may be given back.
+pub fn tentative(hit: Hit) -> Hit {
+    Hit {
+        tentative: true,
+        ..hit
     }
 }
 

@@ -73,8 +73,8 @@ impl Store {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// As `tollgate serve` runs it: `Sharded<LocalCache<AnyBackend>>` (limits with `shards`
-    /// split, others untouched; the local over-limit cache below sharding, on by default for
-    /// memory and off for Redis, as `tollgate serve` has it).
+    /// split, others untouched; the local over-limit cache below sharding, on as `tollgate
+    /// serve` has it by default).
     Plain,
     /// Every limit split over at least [`FORCED_SHARDS`] shards.
     Sharded,
@@ -100,13 +100,13 @@ pub enum Via {
     },
 }
 
-/// Whether a stack has the local over-limit cache.
+/// How a stack's local over-limit cache is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cached {
-    /// As `tollgate serve` has it by default: on for memory, off for Redis.
+    /// As `tollgate serve` has it by default: on, answering no `counting: all` hit.
     Default,
-    /// On, whatever the store.
-    On,
+    /// As `tollgate serve` has it when its size is set: answering `counting: all` hits too.
+    Set,
 }
 
 /// A server a target uses: the binary's shared one, or one of its own.
@@ -297,24 +297,31 @@ impl Target {
         .await
     }
 
-    /// A new backend instance with the local over-limit cache on (whatever the store), and a
-    /// count of the hits that got past the cache to the store.
+    /// A new backend instance with the local over-limit cache's size set (so that it answers
+    /// `counting: all` hits too), and a count of the hits that got past the cache to the store.
     pub async fn counted_backend(&self) -> (TestBackend, CountCalls) {
         let counted = CountCalls::new(self.store.connect(&self.prefix, CALL_TIMEOUT).await);
-        (self.compose(counted.clone(), Cached::On).await, counted)
+        (self.compose(counted.clone(), Cached::Set).await, counted)
+    }
+
+    /// A new backend instance as `tollgate serve` has it by default, and a count of the hits
+    /// that got past the cache to the store: one of several instances sharing the store.
+    pub async fn counted_instance(&self) -> (TestBackend, CountCalls) {
+        let counted = CountCalls::new(self.store.connect(&self.prefix, CALL_TIMEOUT).await);
+        (
+            self.compose(counted.clone(), Cached::Default).await,
+            counted,
+        )
     }
 
     /// The stack `tollgate serve` builds over `store`: the local cache (timed as it is there)
     /// below sharding, and this target's mode above.
     async fn compose<B: Backend + ShardKeys>(&self, store: B, cached: Cached) -> TestBackend {
-        let bytes = match (cached, &self.store) {
-            (Cached::On, _) | (Cached::Default, Store::Memory) => DEFAULT_BYTES,
-            (Cached::Default, _) => 0,
-        };
         let cache = match self.store {
-            Store::Memory => LocalCache::new(store, Arc::new(SystemClock), bytes),
-            _ => LocalCache::new(store, Arc::new(MonotonicClock::new()), bytes),
+            Store::Memory => LocalCache::new(store, Arc::new(SystemClock), DEFAULT_BYTES),
+            _ => LocalCache::new(store, Arc::new(MonotonicClock::new()), DEFAULT_BYTES),
         };
+        let cache = cache.answering_counted(cached == Cached::Set);
         self.moded(Sharded::new(cache))
     }
 

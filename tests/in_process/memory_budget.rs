@@ -38,6 +38,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Cost) 
         counting: Counting::Admitted,
         shards: 1,
         lease_ms: 0,
+        tentative: false,
     }
 }
 

@@ -68,6 +68,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: u64) -> Hit {
         counting: Counting::Admitted,
         shards: 1,
         lease_ms: 0,
+        tentative: false,
     }
 }
 

@@ -13,6 +13,7 @@ use tollgate_testkit::target::Target;
 
 cases! {
     every_key_written_has_a_bounded_ttl: [redis, redis_cluster];
+    idle_keys_of_short_windows_are_gone_within_three_windows_and_a_second: [redis, redis_cluster];
     keys_of_one_limiter_share_one_slot: [redis_cluster];
     one_script_call_per_limiter_and_no_other_command: [redis, redis_cluster];
 }
@@ -53,6 +54,49 @@ async fn every_key_written_has_a_bounded_ttl(t: &Target) {
             window_ms + 2 * 5000
         };
         assert!(ttl as u64 <= bound, "{key}: TTL {ttl} ms above {bound}");
+    }
+}
+
+/// A limiter of a short window keeps its keys no longer than three windows and a second after
+/// its last hit (the margins scale with the window below five seconds): plain, refused, tentative
+/// and leased hits of both algorithms.
+async fn idle_keys_of_short_windows_are_gone_within_three_windows_and_a_second(t: &Target) {
+    let backend = t.backend().await;
+    for window_ms in [1000, 2000, 4000] {
+        for algorithm in ALGORITHMS {
+            let key = fresh_key(&format!("short-{window_ms}"));
+            let plain = hit(&key, algorithm, 2, window_ms, Cost::Consume(1));
+            let kinds = [
+                plain.clone(),
+                Hit {
+                    tentative: true,
+                    ..plain.clone()
+                },
+                Hit {
+                    lease_ms: window_ms / 10,
+                    tentative: true,
+                    ..plain.clone()
+                },
+                plain,
+            ];
+            for h in &kinds {
+                one(&backend, h).await;
+            }
+        }
+        let keys = tokio::task::block_in_place(|| t.keys_with_ttls());
+        let bound = 3 * window_ms + 1000;
+        for (key, ttl) in keys
+            .iter()
+            .filter(|(key, _)| key.contains(&format!("short-{window_ms}")))
+        {
+            assert!(*ttl > 0, "{key} has no TTL ({ttl})");
+            assert!(*ttl as u64 <= bound, "{key}: TTL {ttl} ms above {bound}");
+        }
+        assert!(
+            keys.iter()
+                .any(|(key, _)| key.contains(&format!("short-{window_ms}"))),
+            "no keys of {window_ms} ms windows in {keys:?}"
+        );
     }
 }
 

@@ -166,6 +166,7 @@ impl Limit {
             counting: Counting::Admitted,
             shards: 1,
             lease_ms: 0,
+            tentative: false,
         }
     }
 
@@ -398,6 +399,7 @@ async fn refunds_restore_the_charged_shard(t: &Target) {
                 counting: Counting::Admitted,
                 shards: limit.shards,
                 lease_ms: 0,
+                tentative: false,
             };
             let outcome = backend.acquire(&[hit]).await.remove(0).expect("an answer");
             assert!(outcome.verdict.admitted, "{limit:?}");

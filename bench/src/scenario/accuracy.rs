@@ -295,6 +295,7 @@ async fn simulate(
             counting: Counting::Admitted,
             shards,
             lease_ms: 0,
+            tentative: false,
         };
         let outcome = backend
             .acquire(std::slice::from_ref(&hit))
@@ -337,6 +338,7 @@ async fn memory_per_hit(
         counting: Counting::Admitted,
         shards: 1,
         lease_ms: 0,
+        tentative: false,
     };
     let key = format!("perhit-{}-{hits}", algorithm.name());
     let memory = MemoryBackend::new();

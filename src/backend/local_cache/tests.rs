@@ -63,6 +63,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: u64) -> Hit {
         counting: Counting::Admitted,
         shards: 1,
         lease_ms: 0,
+        tentative: false,
     }
 }
 
@@ -171,8 +172,8 @@ async fn a_refusal_decided_across_a_release_is_not_stored() {
         let admitted = one(&cache, &h).await;
         let receipt = admitted.receipt.expect("an admitted charge has a receipt");
         let before = cache.releases();
-        let refused = one(cache.inner(), &h).await.verdict;
-        assert!(!refused.admitted);
+        let refused = one(cache.inner(), &h).await;
+        assert!(!refused.verdict.admitted);
         cache.forget(std::slice::from_ref(&receipt));
         cache.store(&h, &refused, clock.now_ms(), &before);
         assert_eq!(cache.held(), (0, 0), "{algorithm}");
@@ -198,8 +199,8 @@ async fn a_release_of_another_stripe_does_not_stop_a_store() {
     let other_hit = hit(&other, Algorithm::SlidingWindowCounter, 10, 1);
     let receipt = one(&cache, &other_hit).await.receipt.expect("admitted");
     let before = cache.releases();
-    let refused = one(cache.inner(), &refused_hit).await.verdict;
-    assert!(!refused.admitted);
+    let refused = one(cache.inner(), &refused_hit).await;
+    assert!(!refused.verdict.admitted);
     cache.forget(std::slice::from_ref(&receipt));
     cache.store(&refused_hit, &refused, clock.now_ms(), &before);
     assert_eq!(cache.held().0, 1, "the refusal of `k` is stored");

@@ -25,6 +25,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: Cost) -> Hit {
         counting: Counting::Admitted,
         shards: 1,
         lease_ms: 0,
+        tentative: false,
     }
 }
 
@@ -303,6 +304,8 @@ async fn releasing_unknown_or_mismatched_receipts_is_harmless() {
             token: 0,
             cost: 2,
             released_remaining: 0,
+            refundable_until_ms: 0,
+            keep_refundable: false,
             keep: 0,
             leased: false,
         },
@@ -313,6 +316,8 @@ async fn releasing_unknown_or_mismatched_receipts_is_harmless() {
             token: 1,
             cost: 2,
             released_remaining: 0,
+            refundable_until_ms: 0,
+            keep_refundable: false,
             keep: 0,
             leased: false,
         },
@@ -323,6 +328,8 @@ async fn releasing_unknown_or_mismatched_receipts_is_harmless() {
             token: 0,
             cost: 2,
             released_remaining: 0,
+            refundable_until_ms: 0,
+            keep_refundable: false,
             keep: 0,
             leased: false,
         },
@@ -333,6 +340,8 @@ async fn releasing_unknown_or_mismatched_receipts_is_harmless() {
             token: 12345,
             cost: 2,
             released_remaining: 0,
+            refundable_until_ms: 0,
+            keep_refundable: false,
             keep: 0,
             leased: false,
         },

@@ -32,7 +32,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
-use super::scripts::{Call, Scripts};
+use super::scripts::{Call, Scripts, refund_was_late};
 use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
@@ -175,7 +175,7 @@ impl ClusterBackend {
             user,
             connection: Arc::default(),
             failures_in_a_row: AtomicU32::new(0),
-            scripts: Scripts::default(),
+            scripts: Scripts::new(timeout),
             keys: KeySpace::new(key_prefix),
             timeout,
             failures: FailureLog::default(),
@@ -453,6 +453,12 @@ impl Backend for ClusterBackend {
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
         let results = join_all(calls.iter().map(|call| self.call(call, Operation::Release))).await;
+        observe::late_refunds(
+            results
+                .iter()
+                .filter(|result| result.as_ref().is_ok_and(refund_was_late))
+                .count(),
+        );
         results.into_iter().try_for_each(|result| result.map(drop))
     }
 

@@ -12,6 +12,8 @@ pub mod keys;
 mod scripts;
 mod single;
 
+pub use scripts::{SETTLE_MS, refund_horizon_ms};
+
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,7 @@
 //! The Lua scripts of `lua/`, their hashes, and the translation between hits and script calls.
 
 use std::io::Write as _;
+use std::time::Duration;
 
 use redis::{Cmd, RedisWrite as _, Value};
 
@@ -32,27 +33,78 @@ impl Script {
     }
 }
 
-/// The scripts, with their SHA1 hashes computed once at startup.
+/// The scripts, with their SHA1 hashes computed once at startup, and the refund horizon their
+/// tentative charges get.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     counter: Script,
     log: Script,
     counter_refund: Script,
     log_refund: Script,
+    /// How long a tentative charge of a request stays refundable ([`refund_horizon_ms`]).
+    horizon_ms: u64,
+}
+
+/// Each script with the refundable tally's definitions before it (`lua/refundable.lua`).
+macro_rules! script_with_tally {
+    ($file:literal) => {
+        concat!(
+            include_str!("../../../lua/refundable.lua"),
+            include_str!(concat!("../../../lua/", $file))
+        )
+    };
+}
+
+/// The longest a slice's settlement may come after its lease ended, and still be honoured: the
+/// leasing layer settles an ended slice at its next hit or its next housekeeping pass (about a
+/// second apart, a busy slot skipped once), and keeps a settled slice [`lease::MAX_LEASE_MS`] for
+/// late releases of its hits.
+pub const SETTLE_MS: u64 = 3_000;
+
+/// How long after the store decided it a request's tentative charge may be given back, for
+/// backend calls of at most `timeout` each: the acquire of every hit of the request and then
+/// the release, plus a second for the scheduling between. A refund later than this is refused
+/// and the charge stands (fewer admissions, never more: `tollgate_backend_late_refunds`).
+pub fn refund_horizon_ms(timeout: Duration) -> u64 {
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX / 4);
+    timeout_ms
+        .saturating_mul(2)
+        .saturating_add(1_000)
+        .max(2_000)
 }
 
 impl Default for Scripts {
+    /// The scripts for calls of the default backend timeout.
     fn default() -> Self {
-        Scripts {
-            counter: Script::new(include_str!("../../../lua/counter.lua")),
-            log: Script::new(include_str!("../../../lua/log.lua")),
-            counter_refund: Script::new(include_str!("../../../lua/counter_refund.lua")),
-            log_refund: Script::new(include_str!("../../../lua/log_refund.lua")),
-        }
+        Scripts::new(Duration::from_millis(50))
     }
 }
 
 impl Scripts {
+    /// The scripts, for backend calls of at most `timeout` each.
+    pub fn new(timeout: Duration) -> Self {
+        Scripts {
+            counter: Script::new(script_with_tally!("counter.lua")),
+            log: Script::new(script_with_tally!("log.lua")),
+            counter_refund: Script::new(script_with_tally!("counter_refund.lua")),
+            log_refund: Script::new(script_with_tally!("log_refund.lua")),
+            horizon_ms: refund_horizon_ms(timeout),
+        }
+    }
+
+    /// The refund horizon `hit` is sent with: 0 for a final charge; for a tentative one the
+    /// request's horizon, and for a leased slice that plus its lease and the time its
+    /// settlement may take ([`SETTLE_MS`]).
+    fn horizon(&self, hit: &Hit) -> u64 {
+        if !hit.tentative {
+            0
+        } else if hit.lease_ms > 0 {
+            self.horizon_ms + hit.lease_ms.min(lease::MAX_LEASE_MS) + SETTLE_MS
+        } else {
+            self.horizon_ms
+        }
+    }
+
     /// `SCRIPT LOAD` commands for every script, to warm a node's script cache.
     pub fn load_commands(&self) -> Vec<Cmd> {
         [
@@ -108,9 +160,10 @@ impl Scripts {
         // The options after the cost are left out while they are 0, as they are for nearly
         // every hit: the scripts read a missing one as 0, and Redis spends work on every
         // argument (five make the log's ARGV table grow a second time).
+        let horizon = if cost > 0 { self.horizon(hit) } else { 0 };
         let args = match hit.algorithm {
             Algorithm::SlidingWindowCounter => {
-                Args::new([limit, hit.window_ms, cost, count_refused])
+                Args::new([limit, hit.window_ms, cost, count_refused, horizon])
             }
             Algorithm::SlidingWindowLog => Args::new([
                 limit,
@@ -118,6 +171,7 @@ impl Scripts {
                 cost,
                 count_refused,
                 hit.lease_ms.min(lease::MAX_LEASE_MS),
+                horizon,
             ]),
         }
         .without_trailing_zeros(ACQUIRE_REQUIRED_ARGS);
@@ -133,22 +187,33 @@ impl Scripts {
         })
     }
 
-    /// The call that gives back the charge `receipt` names, all of it but `receipt.keep`.
+    /// The call that gives back the charge `receipt` names, all of it but `receipt.keep`, and
+    /// takes off the refundable tally what it gives back and what it keeps for good.
     pub fn refund<'a>(&'a self, receipt: &Receipt) -> Call<'a> {
         let keep = receipt.keep.min(receipt.cost);
+        let until = receipt.refundable_until_ms;
+        let untally = if until == 0 {
+            0
+        } else if receipt.keep_refundable {
+            receipt.cost - keep
+        } else {
+            receipt.cost
+        };
         let (script, suffixes, args) = match receipt.algorithm {
             Algorithm::SlidingWindowCounter => (
                 &self.counter_refund,
                 COUNTER_KEYS,
-                Args::new([receipt.token, receipt.cost - keep]),
+                Args::new([receipt.token, receipt.cost - keep, until, untally]),
             ),
             // The log names its entry by id and cost, and rewrites it to the kept units.
             Algorithm::SlidingWindowLog => (
                 &self.log_refund,
                 LOG_KEYS,
-                Args::new([receipt.token, receipt.cost, keep]),
+                Args::new([receipt.token, receipt.cost, keep, until, untally]),
             ),
         };
+        // A final charge's refund sends what it always did.
+        let args = args.without_trailing_zeros(REFUND_REQUIRED_ARGS);
         Call {
             script,
             suffixes,
@@ -158,13 +223,16 @@ impl Scripts {
     }
 }
 
-/// The most arguments a script takes: a log acquire's limit, window, cost, counting and lease
-/// time, and a decision time.
-const MAX_ARGS: usize = 6;
+/// The most arguments a script takes: a log acquire's limit, window, cost, counting, lease time
+/// and refund horizon, and a decision time.
+const MAX_ARGS: usize = 7;
 
 /// The arguments every acquire call sends: limit, window and cost; the options after them may
 /// be left out as 0.
 const ACQUIRE_REQUIRED_ARGS: usize = 3;
+
+/// The arguments every refund sends: what names the charge, and how much of it.
+const REFUND_REQUIRED_ARGS: usize = 2;
 
 /// A script call's integer arguments, kept inline: a call is built for every hit.
 #[derive(Debug, Clone, Copy)]
@@ -227,7 +295,7 @@ impl Call<'_> {
 
     /// Adds a decision time to the arguments, instead of the server's clock (tests only), after
     /// every option the call left out as 0 is put back, so that the time is where the script
-    /// reads it. Acquire calls, the only ones that take it, always have room for it.
+    /// reads it. Acquire and refund calls, the only ones that take it, always have room for it.
     pub fn at(mut self, now_ms: u64) -> Self {
         let full = self.args.full;
         if let Some(slot) = self.args.values.get_mut(full) {
@@ -273,17 +341,25 @@ impl Call<'_> {
     /// the script's short answer to an admitted, recorded hit. The receipt (for an admitted
     /// charge only: nothing gives a refused one back) takes the call's key base.
     pub fn outcome(self, hit: &Hit, reply: Value) -> Result<Outcome, BackendError> {
-        let (verdict, token) = match reply {
+        let (verdict, token, extra) = match reply {
             Value::BulkString(text) => self.short_answer(hit, &text)?,
             other => {
-                let [admitted, remaining, reset_ms, token] = reply_fields(other)?;
+                let [admitted, remaining, reset_ms, token, extra] = reply_fields(other)?;
                 let verdict = Verdict {
                     admitted: admitted == 1,
                     remaining: u64::try_from(remaining).unwrap_or(0),
                     reset_ms: u64::try_from(reset_ms).unwrap_or(0),
                 };
-                (verdict, u64::try_from(token).unwrap_or(0))
+                let extra = u64::try_from(extra).unwrap_or(0);
+                (verdict, u64::try_from(token).unwrap_or(0), extra)
             }
+        };
+        // The fifth value: for a refusal, how long it stands certainly; for an admitted
+        // tentative charge, until when it may be given back.
+        let (stands_ms, refundable_until_ms) = if verdict.admitted {
+            (0, extra)
+        } else {
+            (extra.min(verdict.reset_ms), 0)
         };
         let receipt = match hit.cost {
             Cost::Consume(cost) if verdict.admitted && cost > 0 => Some(Receipt {
@@ -295,6 +371,8 @@ impl Call<'_> {
                 released_remaining: verdict.remaining.saturating_add(cost),
                 keep: 0,
                 leased: false,
+                refundable_until_ms,
+                keep_refundable: false,
             }),
             _ => None,
         };
@@ -302,6 +380,7 @@ impl Call<'_> {
             verdict,
             receipt,
             cached: false,
+            stands_ms,
         })
     }
 
@@ -309,8 +388,10 @@ impl Call<'_> {
     /// and what this call sent. The log answers `"<id> <sum>"`, the entry's id and the log's sum
     /// after it; the counter `"<seconds> <microseconds> <prev> <curr>"`, the decision time as
     /// Redis's `TIME` gave it and the counts of the fixed window charged and its predecessor,
-    /// from which the caller finds the window and the time into it as the script does.
-    fn short_answer(&self, hit: &Hit, text: &[u8]) -> Result<(Verdict, u64), BackendError> {
+    /// from which the caller finds the window and the time into it as the script does. With
+    /// them, for a tentative charge, until when it may be given back: the log says so as a
+    /// third number, the counter's is its decision time plus the horizon sent.
+    fn short_answer(&self, hit: &Hit, text: &[u8]) -> Result<(Verdict, u64, u64), BackendError> {
         let refused = || {
             BackendError::Protocol(format!(
                 "a {} call replied {:?}",
@@ -320,18 +401,26 @@ impl Call<'_> {
         };
         // An acquire sends limit and window first; a log's lease time, how far ahead its entry
         // is stamped, is its fifth argument, 0 when it was left out.
-        let [limit, window_ms, _, _, ahead_ms, ..] = self.args.values;
+        let [limit, window_ms, _, _, ahead_ms, log_horizon, ..] = self.args.values;
         match hit.algorithm {
             Algorithm::SlidingWindowLog => {
-                let [id, sum] = numbers(text).ok_or_else(refused)?;
+                let (id, sum, until) = if log_horizon > 0 {
+                    let [id, sum, until] = numbers(text).ok_or_else(refused)?;
+                    (id, sum, until)
+                } else {
+                    let [id, sum] = numbers(text).ok_or_else(refused)?;
+                    (id, sum, 0)
+                };
                 let verdict = Verdict {
                     admitted: true,
                     remaining: limit.saturating_sub(sum),
                     reset_ms: window_ms.saturating_add(ahead_ms),
                 };
-                Ok((verdict, id))
+                Ok((verdict, id, until))
             }
             Algorithm::SlidingWindowCounter => {
+                // The counter's horizon is its fifth argument (it takes no lease time).
+                let counter_horizon = ahead_ms;
                 let [seconds, micros, prev, curr] = numbers(text).ok_or_else(refused)?;
                 let now_ms = seconds
                     .checked_mul(1000)
@@ -340,10 +429,21 @@ impl Call<'_> {
                 let k = window::counter_window_index(now_ms, window_ms);
                 let elapsed_ms = now_ms % window::effective_window_ms(window_ms);
                 let verdict = window::counter_admitted(limit, window_ms, elapsed_ms, prev, curr);
-                Ok((verdict, k))
+                let until = if counter_horizon > 0 {
+                    now_ms.saturating_add(counter_horizon)
+                } else {
+                    0
+                };
+                Ok((verdict, k, until))
             }
         }
     }
+}
+
+/// Whether a refund script's reply says it came after the charge's horizon (and changed
+/// nothing).
+pub fn refund_was_late(reply: &Value) -> bool {
+    matches!(reply, Value::Int(-1))
 }
 
 /// Exactly `N` decimal integers separated by single spaces, as the scripts' short answers
@@ -357,20 +457,26 @@ fn numbers<const N: usize>(text: &[u8]) -> Option<[u64; N]> {
     parts.next().is_none().then_some(values)
 }
 
-/// The four integers of an acquire script's reply.
-fn reply_fields(reply: Value) -> Result<[i64; 4], BackendError> {
-    // The scripts answer an array of four integers; read that without building a vector. Any
+/// The five integers of an acquire script's reply.
+fn reply_fields(reply: Value) -> Result<[i64; 5], BackendError> {
+    // The scripts answer an array of five integers; read that without building a vector. Any
     // other shape takes the general conversion, which accepts what it always did.
     if let Value::Array(items) = &reply
-        && let [Value::Int(a), Value::Int(b), Value::Int(c), Value::Int(d)] = items[..]
+        && let [
+            Value::Int(a),
+            Value::Int(b),
+            Value::Int(c),
+            Value::Int(d),
+            Value::Int(e),
+        ] = items[..]
     {
-        return Ok([a, b, c, d]);
+        return Ok([a, b, c, d, e]);
     }
     let fields: Vec<i64> = redis::from_redis_value(reply)
         .map_err(|err| BackendError::Protocol(format!("script reply: {err}")))?;
-    <[i64; 4]>::try_from(fields.as_slice()).map_err(|_| {
+    <[i64; 5]>::try_from(fields.as_slice()).map_err(|_| {
         BackendError::Protocol(format!(
-            "script replied {} values, expected 4",
+            "script replied {} values, expected 5",
             fields.len()
         ))
     })
@@ -403,6 +509,7 @@ mod tests {
             counting,
             shards: 1,
             lease_ms,
+            tentative: false,
         }
     }
 
@@ -455,15 +562,66 @@ mod tests {
         };
         assert_eq!(
             at(Algorithm::SlidingWindowCounter, Counting::Admitted),
-            ["10", "60000", "1", "0", "1700000000000"]
-        );
-        assert_eq!(
-            at(Algorithm::SlidingWindowLog, Counting::Admitted),
             ["10", "60000", "1", "0", "0", "1700000000000"]
         );
         assert_eq!(
+            at(Algorithm::SlidingWindowLog, Counting::Admitted),
+            ["10", "60000", "1", "0", "0", "0", "1700000000000"]
+        );
+        assert_eq!(
             at(Algorithm::SlidingWindowLog, Counting::All),
-            ["10", "60000", "1", "1", "0", "1700000000000"]
+            ["10", "60000", "1", "1", "0", "0", "1700000000000"]
+        );
+    }
+
+    #[test]
+    fn a_tentative_charge_sends_its_horizon_and_its_refund_the_deadline() {
+        let scripts = Scripts::new(std::time::Duration::from_millis(50));
+        let keys = KeySpace::new("tollgate:");
+        let horizon = refund_horizon_ms(std::time::Duration::from_millis(50));
+        assert_eq!(horizon, 2_000);
+        let tentative = |algorithm, lease_ms| Hit {
+            tentative: true,
+            ..hit(algorithm, Counting::Admitted, lease_ms)
+        };
+        let args = |h: &Hit| sent_args(&scripts.acquire(&keys, h).expect("a valid hit"));
+        let h = horizon.to_string();
+        assert_eq!(
+            args(&tentative(Algorithm::SlidingWindowCounter, 0)),
+            ["10", "60000", "1", "0", h.as_str()]
+        );
+        assert_eq!(
+            args(&tentative(Algorithm::SlidingWindowLog, 0)),
+            ["10", "60000", "1", "0", "0", h.as_str()]
+        );
+        let slice = (horizon + 250 + SETTLE_MS).to_string();
+        assert_eq!(
+            args(&tentative(Algorithm::SlidingWindowLog, 250)),
+            ["10", "60000", "1", "0", "250", slice.as_str()]
+        );
+
+        // The log's short answer to a tentative charge carries its deadline; the refund sends it
+        // with the units that leave the tally.
+        let h = tentative(Algorithm::SlidingWindowLog, 0);
+        let call = scripts.acquire(&keys, &h).expect("a valid hit");
+        let outcome = call
+            .outcome(&h, text("1700000000000001 3 1700000002000"))
+            .expect("a short answer");
+        let receipt = outcome.receipt.expect("a receipt");
+        assert_eq!(receipt.refundable_until_ms, 1_700_000_002_000);
+        let refund = scripts.refund(&receipt);
+        assert_eq!(
+            sent_args(&refund),
+            ["1700000000000001", "1", "0", "1700000002000", "1"]
+        );
+        // A final charge's refund sends what it always did.
+        let final_receipt = Receipt {
+            refundable_until_ms: 0,
+            ..receipt
+        };
+        assert_eq!(
+            sent_args(&scripts.refund(&final_receipt)),
+            ["1700000000000001", "1"]
         );
     }
 
@@ -500,6 +658,7 @@ mod tests {
                 Value::Int(7),
                 Value::Int(60_250),
                 Value::Int(1_700_000_000_000_001),
+                Value::Int(0),
             ]),
         )
         .expect("a table answer");

@@ -19,7 +19,7 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
-use super::scripts::{Call, Scripts};
+use super::scripts::{Call, Scripts, refund_was_late};
 use super::{Failure, FailureLog, Reconnecting, backend_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
@@ -122,7 +122,7 @@ impl RedisBackend {
             user,
             lanes: (0..lanes).map(|_| Lane::default()).collect(),
             next_lane: AtomicUsize::new(0),
-            scripts: Scripts::default(),
+            scripts: Scripts::new(timeout),
             keys: KeySpace::new(key_prefix),
             timeout,
             failures: FailureLog::default(),
@@ -160,6 +160,47 @@ impl RedisBackend {
         now_ms: u64,
     ) -> Vec<Result<Outcome, BackendError>> {
         self.decide(hits, Some(now_ms)).await
+    }
+
+    /// Gives back `receipts` as if the server's clock read `now_ms`, for tests that decide at
+    /// chosen instants ([`RedisBackend::acquire_at`]): a refund's horizon is on the clock the
+    /// charge was decided by.
+    pub async fn release_at(&self, receipts: &[Receipt], now_ms: u64) -> Result<(), BackendError> {
+        self.refund(receipts, Some(now_ms)).await
+    }
+
+    async fn refund(&self, receipts: &[Receipt], now_ms: Option<u64>) -> Result<(), BackendError> {
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        let calls: Vec<Call<'_>> = receipts
+            .iter()
+            .map(|r| {
+                let call = self.scripts.refund(r);
+                match now_ms {
+                    Some(now) => call.at(now),
+                    None => call,
+                }
+            })
+            .collect();
+        let results: Vec<Result<Value, BackendError>> = match self
+            .run(&calls, false, Operation::Release)
+            .await
+        {
+            Ok(replies) => replies
+                .into_iter()
+                .map(|reply| call_result(reply).map_err(|err| Failure::redis(&err).report(NAME)))
+                .collect(),
+            Err(err) => vec![Err(err)],
+        };
+        self.record(&results);
+        observe::late_refunds(
+            results
+                .iter()
+                .filter(|result| result.as_ref().is_ok_and(refund_was_late))
+                .count(),
+        );
+        results.into_iter().try_for_each(|result| result.map(drop))
     }
 
     /// Loads every script into the server's cache, so that the first calls find them, and
@@ -563,22 +604,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
-        if receipts.is_empty() {
-            return Ok(());
-        }
-        let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
-        let results: Vec<Result<Value, BackendError>> = match self
-            .run(&calls, false, Operation::Release)
-            .await
-        {
-            Ok(replies) => replies
-                .into_iter()
-                .map(|reply| call_result(reply).map_err(|err| Failure::redis(&err).report(NAME)))
-                .collect(),
-            Err(err) => vec![Err(err)],
-        };
-        self.record(&results);
-        results.into_iter().try_for_each(|result| result.map(drop))
+        self.refund(receipts, None).await
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

@@ -23,7 +23,8 @@
 //!   in one call;
 //! - [`lease`]: leased limits across instances: the invariant under concurrency, an instance
 //!   dying with a slice, a lowered limit, released hits;
-//! - [`cache`]: the local over-limit cache never refuses what the store would admit.
+//! - [`cache`]: the local over-limit cache never refuses what the store would admit;
+//! - [`instances`]: the same across instances sharing a store, when others give charges back.
 //!
 //! Cases marked `leased` also run with every limit leased on the Redis stores.
 //!
@@ -34,6 +35,7 @@ mod backend;
 mod cache;
 mod clocked;
 mod counting;
+mod instances;
 mod lease;
 mod limiter;
 mod outages;
