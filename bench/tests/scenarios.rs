@@ -673,7 +673,7 @@ fn burst() {
             .unwrap_or_else(|_| panic!("{row:?}"));
         assert!(used > 0.0, "{row:?}");
     }
-    assert!(doc.contains("\nOf 8 rows, same run: "), "{doc}");
+    assert!(doc.contains("\nOf the 8 rows, same run: "), "{doc}");
 }
 
 #[test]

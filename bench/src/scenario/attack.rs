@@ -410,3 +410,41 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records of a run from before the `default` point: the cache forced on or off.
+    const OLD_RECORDS: &str = r#"{"algorithm":"counter","backend":"redis","concurrency":64,"connections":16,"kind":"run","limit":100,"load":{"decisions":6773,"decisions_per_second":33678.28405696834,"elapsed_seconds":0.201108821,"errors":0,"errors_by_code":{},"latency_us":{"max":1000.0,"mean":1000.0,"min":1000.0,"p50":1000.0,"p90":1000.0,"p99":1000.0,"p99_9":1000.0},"ok":0,"over_limit":6773,"requests":6773,"requests_per_second":33678.28405696834,"unknown":0},"redis_cpu_seconds":0.067717,"run":1,"scenario":"attack","script_calls":0,"tollgate_cpu_seconds":0.15999999999999998,"local_cache":true}
+{"algorithm":"counter","backend":"redis","concurrency":64,"connections":16,"kind":"run","limit":100,"load":{"decisions":5954,"decisions_per_second":29593.75836720151,"elapsed_seconds":0.201191073,"errors":0,"errors_by_code":{},"latency_us":{"max":1000.0,"mean":1000.0,"min":1000.0,"p50":1000.0,"p90":1000.0,"p99":1000.0,"p99_9":1000.0},"ok":0,"over_limit":5954,"requests":5954,"requests_per_second":29593.75836720151,"unknown":0},"redis_cpu_seconds":0.06274599999999997,"run":1,"scenario":"attack","script_calls":5954,"tollgate_cpu_seconds":0.16999999999999998,"local_cache":false}
+{"duration_seconds":0.2,"kind":"conditions","load_end":[1.85,2.51,2.09],"load_start":[1.81,2.52,2.09],"machine":{"commit":"54f7df8","cpus":2,"hypervisor":"KVM","kernel":"6.18.44-fc-v1098","memory_gib":23.5,"model":"AMD EPYC","profile":"release","redis":"Redis server v=7.0.15","rustc":"rustc 1.95.0 (59807616e 2026-04-14)","tollgate_bin":"/work/wt/bench/target/release/tollgate"},"quick":true,"runs":1,"scenario":"attack","seconds":10.115149234,"started":"2026-12-02T01:28:33Z","warmup_seconds":0.1}"#;
+
+    #[test]
+    fn records_from_before_the_defaults_render_as_on_and_off() {
+        let records: Vec<Value> = OLD_RECORDS
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        let section = render(&records).unwrap();
+        assert!(section.contains("| redis | on | "), "{section}");
+        assert!(section.contains("| redis | off | "), "{section}");
+        assert!(
+            section.contains("with the local over-limit cache on (`--local-cache-bytes 8MiB`)"),
+            "{section}"
+        );
+        assert!(
+            section.contains(
+                "redis script calls per refusal 0.0000 with the cache on, 1.0000 with the cache \
+                 off, on ÷ off 0.00× (runs: 0.00×)"
+            ),
+            "{section}"
+        );
+    }
+
+    #[test]
+    fn the_default_point_passes_no_cache_flag() {
+        assert!(CacheSetting::Default.flags().is_empty());
+        assert_eq!(CacheSetting::Off.flags(), ["--local-cache-bytes", "0"]);
+    }
+}

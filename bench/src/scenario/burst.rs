@@ -23,7 +23,7 @@ use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Align, Table, count, fixed, measured, median, percent};
+use crate::doc::{Align, Table, count, fixed, median, opening, percent, plural};
 use crate::load::generator::Shape;
 use crate::load::keys::KeySampler;
 use crate::load::summary::Summary;
@@ -359,11 +359,13 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "**A burst at {}× a leased limit shared by {} instances.** {} Each run sends one burst \
-         per row to a limit no earlier run touched (`lease: true`), {} calls in flight closed \
+        "**A burst at {}× a leased limit shared by {} instances.** {} Each run sends one \
+         burst per row, after a few calls on another value of the same limit that load its \
+         scripts and open every connection, to a limit no earlier run touched (`lease: true`), {} calls in flight closed \
          loop spread evenly over the instances, as fast as they are answered. *Long*: {} hits \
-         an hour; *short*: {} hits per `window: {}`, the burst started at least a fifth of a \
-         window before the window's end; a burst that outlasted its window is marked `*` \
+         an hour; *short*: {} hits per `window: {}`, the burst started at least a second (or a \
+         fifth of the window) before the end of a window counted from the epoch, where a \
+         counter's fixed windows start; a burst that outlasted its window is marked `*` \
          (its admissions then span more than one window). *Admitted / limit*: the highest run, \
          never above 1 for a correct limiter within one window; *limit used*: the lowest run \
          (the aim: at least {}). *Script calls per decision*: `evalsha` and `eval` on every \
@@ -375,7 +377,15 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             .max()
             .unwrap_or(0),
         first.instances,
-        measured(&conditions),
+        opening(
+            &conditions,
+            &format!(
+                "Every row: {} run{} of one burst each; tables give the median, or the \
+                 worst run where said.",
+                conditions.runs,
+                plural(u64::from(conditions.runs))
+            )
+        ),
         first.concurrency,
         count(
             runs.iter()
@@ -446,9 +456,9 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let rows = points.len();
     let _ = writeln!(
         out,
-        "\nOf {rows} rows, same run: {within} within the limit in every run (burst inside one \
-         window, admitted / limit at most 1); {used} used at least {} of the limit in every \
-         run; {cheap} at most {AIM_CALLS} script calls per decision.",
+        "\nOf the {rows} rows, same run: within the limit in every run (the burst inside one \
+         window, admitted / limit at most 1), {within}; at least {} of the limit used in every \
+         run, {used}; at most {AIM_CALLS} script calls per decision, {cheap}.",
         percent(Some(AIM_USED)),
     );
     Ok(out)

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tollgate_testkit::redis::RedisServer;
 
-use crate::doc::{Align, Table, count, fixed, measured, median, range};
+use crate::doc::{Align, Table, count, fixed, median, opening, plural, range};
 use crate::load::generator::Shape;
 use crate::load::keys::KeySampler;
 use crate::load::summary::Summary;
@@ -91,6 +91,9 @@ pub struct KeysRun {
     pub hits_per_client: u64,
     /// Hits a window each client may make.
     pub limit: u64,
+    /// How long the load was scheduled to last, in seconds.
+    #[serde(default)]
+    pub spread_seconds: f64,
     /// What the load generator saw.
     pub load: Summary,
     /// Counts while the load ran, and one as it ended.
@@ -251,6 +254,7 @@ impl Scenario for Keys {
                     clients: options.clients,
                     hits_per_client: options.hits,
                     limit: options.limit,
+                    spread_seconds: spread.as_secs_f64(),
                     load,
                     during: during_samples,
                     after,
@@ -289,18 +293,26 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let _ = writeln!(
         out,
         "**Keys a per-client log limit keeps in Redis.** {} A sliding window log limit of {} \
-         hits a window keyed per client (one descriptor value, and so one key, per client), on \
-         one Redis: {} clients send {} hits each, in turn, open loop spread evenly over the \
-         load, so every client is active all along. The keys under the run's prefix are counted \
+         hits a window keyed per client (one descriptor value per client), on one Redis: {} \
+         clients send {} hits each, in turn, open loop spread evenly over {} s, so every client \
+         is active all along. The keys under the run's prefix are counted \
          with `SCAN … MATCH` (which leaves out keys past their expiry) every {} ms during the \
          load and after its last answer, until none is left or {} s have passed. *Keys per \
          client*: the most counted during the load over the clients. *Gone after*: from the \
          last answer to the first count of no key (to within {} ms); *bound*: three windows \
          plus one second, what the product promises.\n",
-        measured(&conditions),
+        opening(
+            &conditions,
+            &format!(
+                "Every window: {} run{}; tables give the median and the min–max of the runs.",
+                conditions.runs,
+                plural(u64::from(conditions.runs))
+            )
+        ),
         first.limit,
         count(Some(first.clients as f64)),
         first.hits_per_client,
+        first.spread_seconds,
         EVERY.as_millis(),
         first.wait_seconds,
         EVERY.as_millis(),
