@@ -343,8 +343,9 @@ fn share(value: Option<f64>) -> String {
     fixed(value, 3)
 }
 
-/// The aims the section states each row against.
+/// The share of the limit a burst should use, the aim the section states each row against.
 const AIM_USED: f64 = 0.95;
+/// The script calls per decision a burst should cost at most, likewise.
 const AIM_CALLS: f64 = 0.05;
 
 /// The burst section of the report.
