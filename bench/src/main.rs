@@ -25,10 +25,12 @@ use crate::load::args::LoadArgs;
 use crate::report::ReportArgs;
 use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
+use crate::scenario::burst::{Burst, BurstOptions};
 use crate::scenario::cost::{Cost, CostOptions};
 use crate::scenario::grpc_floor::{GrpcFloor, GrpcFloorOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::instructions::{Instructions, InstructionsOptions};
+use crate::scenario::keys::{Keys, KeysOptions};
 use crate::scenario::lease::{Lease, LeaseOptions};
 use crate::scenario::limitador::{Limitador, LimitadorOptions};
 use crate::scenario::matrix::{Matrix, MatrixOptions};
@@ -140,6 +142,25 @@ enum Command {
         options: LeaseOptions,
     },
 
+    /// A burst at three times a leased limit (long and short window) shared by three tollgate
+    /// instances, on Redis and the Redis Cluster: hits admitted against the limit, script calls
+    /// per decision and decisions per second.
+    Burst {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: BurstOptions,
+    },
+
+    /// Keys a sliding window log limit keyed per client keeps in one Redis during load, and how
+    /// long they stay after the last hit, beside the bound of three windows plus one second.
+    Keys {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: KeysOptions,
+    },
+
     /// tollgate on the memory backend against the empty RLS server (a stock tonic server
     /// answering OK without deciding), interleaved runs: the throughput ratio, CPU per decision,
     /// and the latency at half of tollgate's peak.
@@ -206,6 +227,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::RedisCpu { scale, options } => run_one(&scale, &RedisCpu::new(options)),
         Command::Cost { scale, options } => run_one(&scale, &Cost::new(options)),
         Command::Lease { scale, options } => run_one(&scale, &Lease::new(options)),
+        Command::Burst { scale, options } => run_one(&scale, &Burst::new(options)),
+        Command::Keys { scale, options } => run_one(&scale, &Keys::new(options)),
         Command::GrpcFloor { scale, options } => run_one(&scale, &GrpcFloor::new(options)),
         Command::Limitador { scale, options } => run_one(&scale, &Limitador::new(options)),
         Command::Instructions { scale, options } => run_one(&scale, &Instructions::new(options)),

@@ -1,5 +1,7 @@
 //! Drawing descriptor values from the key space.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use fastrand::Rng;
 
 /// The largest key space the Zipf table is built for: the table costs 8 bytes per key.
@@ -19,6 +21,17 @@ pub enum KeySampler {
         /// `cdf[r]` = P(index <= r); the last entry is 1.
         cdf: Vec<f64>,
     },
+    /// Every index in turn, shared by all the draws of a phase: `first`, `first + 1`, ...,
+    /// `first + keys - 1`, then from `first` again; so `n × keys` draws give each index exactly
+    /// `n` times.
+    Sequential {
+        /// The first index.
+        first: u64,
+        /// How many indices it goes through.
+        keys: u64,
+        /// Draws so far.
+        next: AtomicU64,
+    },
 }
 
 /// Why a sampler could not be built.
@@ -33,6 +46,16 @@ impl KeySampler {
     /// A uniform sampler over `0..keys` (`keys` >= 1).
     pub fn uniform(keys: u64) -> Self {
         KeySampler::Uniform { keys: keys.max(1) }
+    }
+
+    /// A sampler that goes through `first..first + keys` in turn (`keys` >= 1); with one key,
+    /// always `first`.
+    pub fn sequential(first: u64, keys: u64) -> Self {
+        KeySampler::Sequential {
+            first,
+            keys: keys.max(1),
+            next: AtomicU64::new(0),
+        }
     }
 
     /// A Zipf sampler over `0..keys` with exponent `exponent` (finite, >= 0).
@@ -66,6 +89,9 @@ impl KeySampler {
                 let index = cdf.partition_point(|&p| p <= u);
                 index.min(cdf.len().saturating_sub(1)) as u64
             }
+            KeySampler::Sequential { first, keys, next } => {
+                first + next.fetch_add(1, Ordering::Relaxed) % keys
+            }
         }
     }
 }
@@ -88,6 +114,16 @@ mod tests {
     fn uniform_stays_in_range_and_covers_it() {
         let counts = histogram(&KeySampler::uniform(10), 10, 10_000);
         assert!(counts.iter().all(|&c| c > 800 && c < 1200), "{counts:?}");
+    }
+
+    #[test]
+    fn sequential_gives_each_index_in_turn() {
+        let sampler = KeySampler::sequential(10, 3);
+        let mut rng = Rng::with_seed(1);
+        let drawn: Vec<u64> = (0..7).map(|_| sampler.sample(&mut rng)).collect();
+        assert_eq!(drawn, [10, 11, 12, 10, 11, 12, 10]);
+        let one = KeySampler::sequential(4, 1);
+        assert!((0..5).all(|_| one.sample(&mut rng) == 4));
     }
 
     #[test]

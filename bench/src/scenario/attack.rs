@@ -4,9 +4,11 @@
 //! The limit is small, so the warmup fills it and almost every measured call is refused. What
 //! matters is what a refusal costs: decisions per second, tollgate's CPU per decision and, on the
 //! Redis backends, how many script calls each refused decision makes (from `INFO commandstats`,
-//! reset before every run). Every backend runs with tollgate's local over-limit cache on
-//! (`--local-cache-bytes 8MiB`) and off (`0`) in the same run: without the cache every refusal is
-//! one script call; with it, about one per entry's lifetime.
+//! reset before every run). Every backend runs with tollgate's defaults (no cache flag at all:
+//! whatever local over-limit cache the build turns on for that backend) and with the cache off
+//! (`--local-cache-bytes 0`) in the same run: without the cache every refusal is one script
+//! call; with it, about one per entry's lifetime. `--local-cache on` adds the cache forced on
+//! (`--local-cache-bytes 8MiB`), as earlier reports measured it.
 //!
 //! tollgate runs with `--failure-mode allow` here, so a backend call that failed shows as an
 //! admitted hit instead of hiding among the refusals.
@@ -14,16 +16,18 @@
 use std::fmt::Write as _;
 
 use anyhow::bail;
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::doc::{
     Align, Table, count, count_range, fixed, measured, median, ms, percent, range, ratio, times,
+    times_by_run,
 };
 use crate::load::summary::Summary;
 use crate::scenario::{
     Algorithm, Bench, Phase, Scenario, ScenarioName, conditions_of, distinct, per_decision_cell,
-    policy, runs_of, say, uniform_shape,
+    policy, run_ratios, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, Stand};
 
@@ -50,10 +54,57 @@ pub struct AttackOptions {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub connections: u32,
 
-    /// Whether tollgate's local over-limit cache is on, for each backend: `true`, `false`, or
-    /// both (comma-separated, each a point of its own).
-    #[arg(long = "local-cache", value_delimiter = ',', default_values_t = [true, false])]
-    pub local_cache: Vec<bool>,
+    /// How tollgate's local over-limit cache is set, for each backend: `default` (no flag),
+    /// `on` (`--local-cache-bytes 8MiB`), `off` (`0`); comma-separated, each a point of its own.
+    #[arg(long = "local-cache", value_enum, value_delimiter = ',', default_values_t = [CacheSetting::Default, CacheSetting::Off])]
+    pub local_cache: Vec<CacheSetting>,
+}
+
+/// How a point of `attack` sets tollgate's local over-limit cache.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheSetting {
+    /// No cache flag: whatever tollgate turns on by default for the backend.
+    Default,
+    /// `--local-cache-bytes 8MiB`, whatever the default.
+    On,
+    /// `--local-cache-bytes 0`.
+    Off,
+}
+
+impl CacheSetting {
+    /// The name in the report and the progress lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheSetting::Default => "default",
+            CacheSetting::On => "on",
+            CacheSetting::Off => "off",
+        }
+    }
+
+    /// The `tollgate serve` flags that set it.
+    fn flags(self) -> Vec<String> {
+        let bytes = match self {
+            CacheSetting::Default => return Vec::new(),
+            CacheSetting::On => "8MiB",
+            CacheSetting::Off => "0",
+        };
+        vec!["--local-cache-bytes".to_owned(), bytes.to_owned()]
+    }
+
+    /// How the report's opening says it.
+    fn described(self) -> &'static str {
+        match self {
+            CacheSetting::Default => {
+                "with tollgate's defaults (no cache flag: the local over-limit cache is whatever \
+                 the build turns on for the backend)"
+            }
+            CacheSetting::On => "with the local over-limit cache on (`--local-cache-bytes 8MiB`)",
+            CacheSetting::Off => "with the cache off (`--local-cache-bytes 0`)",
+        }
+    }
 }
 
 /// The `attack` scenario.
@@ -73,9 +124,13 @@ impl Attack {
 pub struct AttackRun {
     /// Where the counters live.
     pub backend: Backend,
-    /// Whether the local over-limit cache was on.
-    #[serde(default = "on")]
-    pub local_cache: bool,
+    /// How the local over-limit cache was set (absent in records written before there was a
+    /// `default` point: see `local_cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSetting>,
+    /// Records written before `cache`: whether the cache was forced on (`8MiB`) or off (`0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_cache: Option<bool>,
     /// Run number, from 1.
     pub run: u32,
     /// The limit's algorithm.
@@ -96,11 +151,15 @@ pub struct AttackRun {
     pub redis_cpu_seconds: f64,
 }
 
-fn on() -> bool {
-    true
-}
-
 impl AttackRun {
+    /// How the cache was set, from either field (an old record without either was forced on).
+    fn setting(&self) -> CacheSetting {
+        self.cache.unwrap_or(match self.local_cache {
+            Some(false) => CacheSetting::Off,
+            _ => CacheSetting::On,
+        })
+    }
+
     fn calls_per_rejection(&self) -> Option<f64> {
         let calls = self.script_calls?;
         (self.load.over_limit > 0).then(|| calls as f64 / self.load.over_limit as f64)
@@ -127,11 +186,9 @@ impl Scenario for Attack {
                 .iter()
                 .map(move |&cache| (backend, cache))
         });
-        for (backend, local_cache) in points {
+        for (backend, cache) in points {
             bench.servers.ensure(backend);
-            // Said either way: the default depends on the backend (on for memory only).
-            let bytes = if local_cache { "8MiB" } else { "0" };
-            let extra = vec!["--local-cache-bytes".to_owned(), bytes.to_owned()];
+            let extra = cache.flags();
             let stand = Stand::start_with(&bench.servers, backend, &policy, "allow", &extra)?;
             let connections = bench
                 .loader
@@ -168,7 +225,8 @@ impl Scenario for Attack {
                 };
                 let result = AttackRun {
                     backend,
-                    local_cache,
+                    cache: Some(cache),
+                    local_cache: None,
                     run,
                     algorithm: options.algorithm,
                     limit: options.limit,
@@ -179,9 +237,9 @@ impl Scenario for Attack {
                     tollgate_cpu_seconds: after.0 - before.0,
                     redis_cpu_seconds: after.1 - before.1,
                 };
-                let cache = if local_cache { "cache on" } else { "cache off" };
                 say(&format!(
-                    "  attack {backend} ({cache}) run {run}: {}/s, {} refused, {} script calls per refusal, errors {}",
+                    "  attack {backend} (cache {}) run {run}: {}/s, {} refused, {} script calls per refusal, errors {}",
+                    cache.name(),
                     count(Some(result.load.decisions_per_second)),
                     percent(result.rejected_share()),
                     fixed(result.calls_per_rejection(), 4),
@@ -203,16 +261,20 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
     let runs: Vec<AttackRun> = runs_of(records, "attack")?;
     let first = &runs[0];
-    let points = distinct(runs.iter().map(|run| (run.backend, run.local_cache)));
-    let of = |point: (Backend, bool)| -> Vec<&AttackRun> {
+    let points = distinct(runs.iter().map(|run| (run.backend, run.setting())));
+    let of = |point: (Backend, CacheSetting)| -> Vec<&AttackRun> {
         runs.iter()
-            .filter(|r| (r.backend, r.local_cache) == point)
+            .filter(|r| (r.backend, r.setting()) == point)
             .collect()
     };
-    let rate =
-        |point: (Backend, bool)| median(of(point).iter().map(|r| r.load.decisions_per_second));
-    let calls =
-        |point: (Backend, bool)| median(of(point).iter().filter_map(|r| r.calls_per_rejection()));
+    let rate = |point: (Backend, CacheSetting)| {
+        median(of(point).iter().map(|r| r.load.decisions_per_second))
+    };
+    let calls = |point: (Backend, CacheSetting)| {
+        median(of(point).iter().filter_map(|r| r.calls_per_rejection()))
+    };
+    let settings = distinct(points.iter().map(|(_, setting)| *setting));
+    let described: Vec<&str> = settings.iter().map(|s| s.described()).collect();
 
     let mut out = String::new();
     let _ = writeln!(
@@ -221,14 +283,14 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          loop by {} calls in flight over {} HTTP/2 connections; the warmup spends the limit, so \
          nearly every measured call is refused. *Script calls per refusal*: `evalsha` and `eval` \
          calls the Redis masters served during the run (from `INFO commandstats`) over the \
-         refused decisions. Each backend runs with tollgate's local over-limit cache on \
-         (`--local-cache-bytes 8MiB`) and off (`0`). tollgate runs with `--failure-mode allow`, \
+         refused decisions. Each backend runs {}. tollgate runs with `--failure-mode allow`, \
          so a failed backend call would show among the admitted.\n",
         measured(&conditions),
         first.limit,
         first.algorithm.name(),
         first.concurrency,
         first.connections,
+        described.join(" and "),
     );
     let mut table = Table::new(&[
         ("backend", Align::Left),
@@ -245,12 +307,12 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ("errors", Align::Right),
     ]);
     for &point in &points {
-        let (backend, local_cache) = point;
+        let (backend, setting) = point;
         let runs = of(point);
         let is_memory = backend == Backend::Memory;
         table.row(vec![
             backend.to_string(),
-            if local_cache { "on" } else { "off" }.to_owned(),
+            setting.name().to_owned(),
             count(rate(point)),
             count_range(range(runs.iter().map(|r| r.load.decisions_per_second))),
             percent(median(runs.iter().filter_map(|r| r.rejected_share()))),
@@ -274,12 +336,19 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ]);
     }
     out.push_str(&table.render());
+    // The cache setting the notes speak for: the defaults when they ran, else the cache on.
+    let Some(&main) = [CacheSetting::Default, CacheSetting::On]
+        .iter()
+        .find(|s| settings.contains(s))
+    else {
+        return Ok(out);
+    };
     let mut notes = Vec::new();
-    let memory = (Backend::Memory, true);
+    let memory = (Backend::Memory, main);
     if points.contains(&memory) {
         for &point in points
             .iter()
-            .filter(|(b, cache)| *b != Backend::Memory && *cache)
+            .filter(|&&(b, setting)| b != Backend::Memory && setting == main)
         {
             notes.push(format!(
                 "{} ÷ memory {}",
@@ -288,22 +357,94 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
             ));
         }
     }
-    for &(backend, _) in points.iter().filter(|(_, cache)| *cache) {
-        let (on, off) = ((backend, true), (backend, false));
-        if backend != Backend::Memory && points.contains(&off) {
-            notes.push(format!(
-                "{backend} script calls per refusal {} with the cache off, {} with it on",
-                fixed(calls(off), 4),
-                fixed(calls(on), 4)
-            ));
+    for &(backend, _) in points.iter().filter(|&&(_, setting)| setting == main) {
+        let off = (backend, CacheSetting::Off);
+        if backend == Backend::Memory || !points.contains(&off) {
+            continue;
         }
+        let pair =
+            |point: (Backend, CacheSetting)| move |r: &AttackRun| (r.backend, r.setting()) == point;
+        let aim = if main == CacheSetting::Default {
+            " (the aim: at most 0.01)"
+        } else {
+            ""
+        };
+        let by_run = run_ratios(
+            &runs,
+            |r| r.run,
+            pair((backend, main)),
+            pair(off),
+            |r| r.calls_per_rejection().unwrap_or(f64::NAN),
+        );
+        let by_run: Vec<f64> = by_run.into_iter().filter(|r| r.is_finite()).collect();
+        notes.push(format!(
+            "{backend} script calls per refusal {} with the {}{aim}, {} with the cache off, \
+             {} ÷ off {}",
+            fixed(calls((backend, main)), 4),
+            if main == CacheSetting::Default {
+                "defaults"
+            } else {
+                "cache on"
+            },
+            fixed(calls(off), 4),
+            main.name(),
+            if by_run.is_empty() {
+                crate::doc::NONE.to_owned()
+            } else {
+                times_by_run(&by_run)
+            },
+        ));
     }
     if !notes.is_empty() {
         let _ = writeln!(
             out,
-            "\nDecisions/s under attack with the cache on, and the cache's saving, same run: {}.",
+            "\nDecisions/s under attack with the cache {}, and the script calls a refusal \
+             costs, same run: {}.",
+            if main == CacheSetting::Default {
+                "as tollgate sets it by default"
+            } else {
+                "on"
+            },
             notes.join("; ")
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records of a run from before the `default` point: the cache forced on or off.
+    const OLD_RECORDS: &str = r#"{"algorithm":"counter","backend":"redis","concurrency":64,"connections":16,"kind":"run","limit":100,"load":{"decisions":6773,"decisions_per_second":33678.28405696834,"elapsed_seconds":0.201108821,"errors":0,"errors_by_code":{},"latency_us":{"max":1000.0,"mean":1000.0,"min":1000.0,"p50":1000.0,"p90":1000.0,"p99":1000.0,"p99_9":1000.0},"ok":0,"over_limit":6773,"requests":6773,"requests_per_second":33678.28405696834,"unknown":0},"redis_cpu_seconds":0.067717,"run":1,"scenario":"attack","script_calls":0,"tollgate_cpu_seconds":0.15999999999999998,"local_cache":true}
+{"algorithm":"counter","backend":"redis","concurrency":64,"connections":16,"kind":"run","limit":100,"load":{"decisions":5954,"decisions_per_second":29593.75836720151,"elapsed_seconds":0.201191073,"errors":0,"errors_by_code":{},"latency_us":{"max":1000.0,"mean":1000.0,"min":1000.0,"p50":1000.0,"p90":1000.0,"p99":1000.0,"p99_9":1000.0},"ok":0,"over_limit":5954,"requests":5954,"requests_per_second":29593.75836720151,"unknown":0},"redis_cpu_seconds":0.06274599999999997,"run":1,"scenario":"attack","script_calls":5954,"tollgate_cpu_seconds":0.16999999999999998,"local_cache":false}
+{"duration_seconds":0.2,"kind":"conditions","load_end":[1.85,2.51,2.09],"load_start":[1.81,2.52,2.09],"machine":{"commit":"54f7df8","cpus":2,"hypervisor":"KVM","kernel":"6.18.44-fc-v1098","memory_gib":23.5,"model":"AMD EPYC","profile":"release","redis":"Redis server v=7.0.15","rustc":"rustc 1.95.0 (59807616e 2026-04-14)","tollgate_bin":"/work/wt/bench/target/release/tollgate"},"quick":true,"runs":1,"scenario":"attack","seconds":10.115149234,"started":"2026-12-02T01:28:33Z","warmup_seconds":0.1}"#;
+
+    #[test]
+    fn records_from_before_the_defaults_render_as_on_and_off() {
+        let records: Vec<Value> = OLD_RECORDS
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        let section = render(&records).unwrap();
+        assert!(section.contains("| redis | on | "), "{section}");
+        assert!(section.contains("| redis | off | "), "{section}");
+        assert!(
+            section.contains("with the local over-limit cache on (`--local-cache-bytes 8MiB`)"),
+            "{section}"
+        );
+        assert!(
+            section.contains(
+                "redis script calls per refusal 0.0000 with the cache on, 1.0000 with the cache \
+                 off, on ÷ off 0.00× (runs: 0.00×)"
+            ),
+            "{section}"
+        );
+    }
+
+    #[test]
+    fn the_default_point_passes_no_cache_flag() {
+        assert!(CacheSetting::Default.flags().is_empty());
+        assert_eq!(CacheSetting::Off.flags(), ["--local-cache-bytes", "0"]);
+    }
 }

@@ -13,10 +13,12 @@
 
 pub mod accuracy;
 pub mod attack;
+pub mod burst;
 pub mod cost;
 pub mod grpc_floor;
 pub mod hotkey;
 pub mod instructions;
+pub mod keys;
 pub mod lease;
 pub mod limitador;
 pub mod matrix;
@@ -68,6 +70,10 @@ pub enum ScenarioName {
     Cost,
     /// One hot limit shared by several instances, leased and unleased.
     Lease,
+    /// A burst at three times a leased limit shared by three instances.
+    Burst,
+    /// Keys a per-client log limit keeps in Redis during load and after it stops.
+    Keys,
     /// tollgate on the memory backend against an empty RLS server.
     GrpcFloor,
     /// tollgate against Kuadrant's limitador-server on the same Redis.
@@ -79,7 +85,7 @@ pub enum ScenarioName {
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 12] = [
+    pub const ALL: [ScenarioName; 14] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -89,6 +95,8 @@ impl ScenarioName {
         ScenarioName::RedisCpu,
         ScenarioName::Cost,
         ScenarioName::Lease,
+        ScenarioName::Burst,
+        ScenarioName::Keys,
         ScenarioName::GrpcFloor,
         ScenarioName::Limitador,
         ScenarioName::Instructions,
@@ -115,6 +123,8 @@ impl ScenarioName {
             ScenarioName::RedisCpu => "redis-cpu",
             ScenarioName::Cost => "cost",
             ScenarioName::Lease => "lease",
+            ScenarioName::Burst => "burst",
+            ScenarioName::Keys => "keys",
             ScenarioName::GrpcFloor => "grpc-floor",
             ScenarioName::Limitador => "limitador",
             ScenarioName::Instructions => "instructions",
@@ -134,6 +144,8 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::RedisCpu => Box::new(redis_cpu::RedisCpu::new(defaults())),
         ScenarioName::Cost => Box::new(cost::Cost::new(defaults())),
         ScenarioName::Lease => Box::new(lease::Lease::new(defaults())),
+        ScenarioName::Burst => Box::new(burst::Burst::new(defaults())),
+        ScenarioName::Keys => Box::new(keys::Keys::new(defaults())),
         ScenarioName::GrpcFloor => Box::new(grpc_floor::GrpcFloor::new(defaults())),
         ScenarioName::Limitador => Box::new(limitador::Limitador::new(defaults())),
         ScenarioName::Instructions => Box::new(instructions::Instructions::new(defaults())),
@@ -565,6 +577,29 @@ impl Loader {
                 .await
                 .map_err(|Failed(code)| anyhow!("calling {addr}: {code:?}"))
         })
+    }
+
+    /// Sends `count` calls shaped as `shape` over `connections`, `concurrency` in flight (closed
+    /// loop, or open loop at `rate` calls a second, but never stopped early), and summarises
+    /// them.
+    pub fn drive_count(
+        &self,
+        connections: &Connections,
+        shape: &Arc<Shape>,
+        concurrency: u32,
+        rate: Option<f64>,
+        count: u64,
+    ) -> anyhow::Result<Summary> {
+        let load = Load {
+            clients: connections.clients.clone(),
+            concurrency,
+            rate,
+            timeout: CALL_TIMEOUT,
+            shape: Arc::clone(shape),
+            seed: fastrand::u64(..),
+        };
+        let measured = self.runtime.block_on(load.run(Stop::Count(count), 1))?;
+        Ok(Summary::of(&measured))
     }
 
     /// Sends `phase` over `connections` and summarises it.
