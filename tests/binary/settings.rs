@@ -344,20 +344,19 @@ fn the_local_cache_reports_the_references_gauges_only_while_it_is_on() {
         &data.path().join("ratelimit/config"),
         &[("config.yaml", CONFIG.as_bytes())],
     );
-    let start = |cache: Option<&str>| {
+    let start = |bytes: &str| {
         // Each instance counts under its own prefix: the second starts with no usage.
-        let mut builder = example_setup(&redis, data.path()).env(
-            "CACHE_KEY_PREFIX",
-            if cache.is_some() { "cached_" } else { "plain_" },
-        );
-        if let Some(bytes) = cache {
-            builder = builder.env("LOCAL_CACHE_SIZE_IN_BYTES", bytes);
-        }
-        builder.start_healthy()
+        example_setup(&redis, data.path())
+            .env(
+                "CACHE_KEY_PREFIX",
+                if bytes == "0" { "plain_" } else { "cached_" },
+            )
+            .env("LOCAL_CACHE_SIZE_IN_BYTES", bytes)
+            .start_healthy()
     };
     let client = agent();
 
-    let cached = start(Some("1048576"));
+    let cached = start("1048576");
     let decide = || send(&client, "POST", &cached.url("/json"), &[], Some(REQUEST)).status;
     // A limit of 2 a minute: two admitted, the third refused by Redis, the next two locally.
     let codes: Vec<u16> = (0..5).map(|_| decide()).collect();
@@ -388,7 +387,8 @@ fn the_local_cache_reports_the_references_gauges_only_while_it_is_on() {
         "{metrics}"
     );
 
-    let plain = start(None);
+    // The cache is on by default: only a size of 0 turns it, and its gauges, off.
+    let plain = start("0");
     assert_eq!(
         send(&client, "POST", &plain.url("/json"), &[], Some(REQUEST)).status,
         200
