@@ -19,7 +19,7 @@
 -- The caller leaves out ARGV[4] and ARGV[5] while they are 0, as they are for nearly every
 -- hit: Redis makes every argument a Lua string before the script runs.
 --
--- The hash also holds the refundable tally (fields "r<s>" and "rf", see refundable.lua). A
+-- The hash also holds the refundable tally (fields "r<s>", see refundable.lua). A
 -- refusal says, beside the time until the hit fits, the time it fits *certainly*: with every
 -- unit still refundable taken off both windows' counts (the units are in one or the other, so
 -- this is at most when the hit could fit after any refunds). An instance's local cache keeps a
@@ -105,7 +105,7 @@ local function record(key, k, field, start, window, now, count, first_in_window)
         local drop = index == nil or index < k - 1
         if index == nil and string.byte(name, 1) == 114 then -- 'r': the tally's
           local s = tonumber(string.sub(name, 2))
-          drop = name ~= 'rf' and (s == nil or s < second)
+          drop = s == nil or s < second
         end
         if drop then
           redis.call('HDEL', key, name)
@@ -220,7 +220,7 @@ if (prev + curr + cost + limit + 1) * window < EXACT then
   else
     reset = retry_after(prev, curr)
     -- the certain time: every refundable unit taken off both counts (see the header)
-    local refundable = tally_units(key, now)
+    local refundable = tally_units(key, now, (counts[1] and 1 or 0) + (counts[2] and 1 or 0))
     if refundable == 0 then
       extra = reset
     else
@@ -459,7 +459,7 @@ if admitted then
   end
 elseif cost > limit then
   extra = window
-elseif tally_units(key, now) == 0 then
+elseif tally_units(key, now, (counts[1] and 1 or 0) + (counts[2] and 1 or 0)) == 0 then
   extra = reset
 end
 

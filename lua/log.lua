@@ -30,8 +30,7 @@
 -- instructions a call, 2.4%).
 --
 -- Refundable: the hash KEYS[2] tallies the units of tentative charges by the second their
--- horizon ends in, field "r<floor(F/1000)>", and field "rf" holds the latest F tallied. A
--- refusal computes, beside the time until the hit fits, the time it fits *certainly*: with every
+-- horizon ends in, field "r<floor(F/1000)>" (see refundable.lua). A refusal computes, beside the time until the hit fits, the time it fits *certainly*: with every
 -- unit still refundable (in a field whose second has not ended) given back at once. An
 -- instance's local cache keeps a refusal only that long, so no refund, from any instance, can
 -- make room behind it.
@@ -103,8 +102,16 @@ local window = tonumber(ARGV[2])
 -- costs Redis a call to strtod.
 local cost = ARGV[3] == '1' and 1 or tonumber(ARGV[3])
 local count_refused = ARGV[4] == '1'
-local margin = math.min(MAX_MARGIN_MS, window)
-local max_ahead = math.min(MAX_AHEAD_MS, math.max(1, math.floor(window / 10)))
+-- Plain comparisons rather than math.min: every call pays for these, and a call into a C
+-- function costs Redis more than the arithmetic.
+local margin = MAX_MARGIN_MS
+if window < MAX_MARGIN_MS then
+  margin = window
+end
+local max_ahead = MAX_AHEAD_MS
+if window < 10 * MAX_AHEAD_MS then
+  max_ahead = math.max(1, math.floor(window / 10))
+end
 local ahead = 0
 if ARGV[5] and ARGV[5] ~= '0' then
   ahead = math.min(tonumber(ARGV[5]) or 0, max_ahead)
@@ -262,7 +269,8 @@ else
   -- fits; it fits once the last one dropped has left. With every refundable unit given back it
   -- fits once the log is down to target + refundable: the same walk says when, first.
   local target = limit - cost
-  local refundable = tally_units(meta, now)
+  local known = (state[1] and 1 or 0) + (state[2] and 1 or 0) + (state[3] and 1 or 0)
+  local refundable = tally_units(meta, now, known)
   reset = window -- unless the entries say sooner (they always do while the sum agrees with them)
   certain = -1
   local left = used

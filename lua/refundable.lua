@@ -8,15 +8,18 @@
 -- horizon, and a refund that arrives after F is refused, so the charge stands. Until F its units
 -- are tallied in the hash `tally` beside the window:
 --   field "r<s>"  units whose horizon ends in second s = floor(F / 1000)
---   field "rf"    the latest F tallied (so a window with nothing refundable costs one HGET)
 -- A refusal reads the tally to say how long it stands *certainly*, whatever is given back: every
 -- unit in a field whose second has not ended counts as refundable, which overcounts (never
 -- undercounts) what may still come back.
 --
 -- Invariants: a field's units are at least what its charges could still give back (a refund
 -- removes what it gives back or makes final, never more); fields of ended seconds mean nothing
--- and are swept once the hash holds more than TALLY_FIELDS fields; every value is an integer
--- below 2^53.
+-- and are swept when a new field makes the hash hold more than TALLY_FIELDS fields (a new field
+-- comes at most once a second, so the sweep's HLEN is not paid by every charge); every value is
+-- an integer below 2^53.
+--
+-- A tentative charge pays one HINCRBY for all this (measured with redis-cpu: every command more
+-- here is paid by every limit of every request of several limits).
 
 local TALLY_FIELDS = 12 -- the hash's size above which ended seconds are swept on a write
 
@@ -24,24 +27,25 @@ local TALLY_FIELDS = 12 -- the hash's size above which ended seconds are swept o
 -- so there are three (each a closure Redis allocates), and they format with '%.0f' rather than
 -- finding the width of a C long first: they run only for tentative charges and refusals.
 
--- Tallies `units` refundable until `until_ms`; sweeps the fields of ended seconds when the
--- hash has grown.
+-- Tallies `units` refundable until `until_ms`; sweeps the fields of ended seconds when a new
+-- field has grown the hash.
 local function tally_add(tally, until_ms, units, now)
   local field = 'r' .. string.format('%.0f', math.floor(until_ms / 1000))
-  redis.call('HINCRBY', tally, field, string.format('%.0f', units))
-  local latest = tonumber(redis.call('HGET', tally, 'rf'))
-  if latest == nil or latest < until_ms then
-    redis.call('HSET', tally, 'rf', string.format('%.0f', until_ms))
-  end
-  if redis.call('HLEN', tally) > TALLY_FIELDS then
+  if redis.call('HINCRBY', tally, field, units) == units
+    and redis.call('HLEN', tally) > TALLY_FIELDS then
+    -- One HDEL for every ended second: each redis.call costs Redis more than the fields do.
     local second = math.floor(now / 1000)
+    local ended = {}
     for _, name in ipairs(redis.call('HKEYS', tally)) do
       if string.byte(name, 1) == 114 then -- 'r'
         local s = tonumber(string.sub(name, 2))
         if s and s < second then
-          redis.call('HDEL', tally, name)
+          ended[#ended + 1] = name
         end
       end
+    end
+    if #ended > 0 then
+      redis.call('HDEL', tally, unpack(ended))
     end
   end
 end
@@ -60,10 +64,11 @@ local function tally_remove(tally, until_ms, units)
   end
 end
 
--- The units that may still be given back at `now`.
-local function tally_units(tally, now)
-  local latest = tonumber(redis.call('HGET', tally, 'rf'))
-  if latest == nil or latest < now then
+-- The units that may still be given back at `now`, read by refusals only. `known`: how many of
+-- the hash's fields the caller read and knows not to be the tally's; a hash of no more fields
+-- holds no tally, and costs one HLEN (else the whole small hash is read).
+local function tally_units(tally, now, known)
+  if redis.call('HLEN', tally) <= known then
     return 0
   end
   local second = math.floor(now / 1000)

@@ -204,7 +204,8 @@ async fn counting_all_hits_are_charged_with_the_cache_on_by_default(t: &Target) 
 
 /// On a clock the test sets: a refusal of a window holding a tentative charge is not cached
 /// while that charge may still come back; once its horizon has passed, a refund is refused (the
-/// charge stands, and is counted as late), and the next refusal is cached for its whole reset.
+/// charge stands, and is counted as late), and once the second it ended in is over, the next
+/// refusal is cached for its whole reset.
 async fn a_refund_after_its_horizon_is_refused_and_the_refusal_is_then_cached(t: &Target) {
     let horizon = refund_horizon_ms(CALL_TIMEOUT);
     for algorithm in ALGORITHMS {
@@ -236,6 +237,9 @@ async fn a_refund_after_its_horizon_is_refused_and_the_refusal_is_then_cached(t:
             .await
             .expect("a late refund is answered");
         assert!(late_refunds_total() > late, "{algorithm}: counted as late");
+        // The tally counts by the second a horizon ends in: once that second is over too,
+        // nothing is refundable.
+        clock.advance(1000);
         let refused = one(&backend, &h).await;
         assert!(!refused.verdict.admitted, "{algorithm}: the charge stands");
         assert_eq!(refused.stands_ms, refused.verdict.reset_ms, "{algorithm}");
