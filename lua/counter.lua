@@ -167,6 +167,7 @@ if (prev + curr + cost + limit + 1) * window < EXACT then
     local curr_text = record(key, k, field, start, window, now, curr, first_in_window)
     if admitted and horizon > 0 then
       -- a tentative charge: refundable until F, and tallied as such until then
+      local tally_add = refundable()
       tally_add(key, now + horizon, cost, now)
     end
     if admitted then
@@ -220,11 +221,12 @@ if (prev + curr + cost + limit + 1) * window < EXACT then
   else
     reset = retry_after(prev, curr)
     -- the certain time: every refundable unit taken off both counts (see the header)
-    local refundable = tally_units(key, now, (counts[1] and 1 or 0) + (counts[2] and 1 or 0))
-    if refundable == 0 then
+    local _, _, tally_units = refundable()
+    local pending = tally_units(key, now, (counts[1] and 1 or 0) + (counts[2] and 1 or 0))
+    if pending == 0 then
       extra = reset
     else
-      extra = retry_after(math.max(0, prev - refundable), math.max(0, curr - refundable))
+      extra = retry_after(math.max(0, prev - pending), math.max(0, curr - pending))
       if extra > reset then
         extra = reset
       end
@@ -407,6 +409,7 @@ if cost > 0 and (admitted or count_refused) then
   curr = after
   record(key, k, field, start, window, now, curr, first_in_window)
   if admitted and horizon > 0 then
+    local tally_add = refundable()
     tally_add(key, now + horizon, cost, now)
   end
   scaled = add(mul(prev, window - elapsed), mul(curr, window))
@@ -459,8 +462,11 @@ if admitted then
   end
 elseif cost > limit then
   extra = window
-elseif tally_units(key, now, (counts[1] and 1 or 0) + (counts[2] and 1 or 0)) == 0 then
-  extra = reset
+else
+  local _, _, tally_units = refundable()
+  if tally_units(key, now, (counts[1] and 1 or 0) + (counts[2] and 1 or 0)) == 0 then
+    extra = reset
+  end
 end
 
 return { admitted and 1 or 0, remaining, reset, k, extra }

@@ -38,6 +38,7 @@ if until_ms > 0 then
     return -1
   end
   if untally > 0 then
+    local _, tally_remove = refundable()
     tally_remove(key, until_ms, untally)
   end
 end

@@ -227,6 +227,7 @@ if entry > 0 then
     if horizon > 0 then
       -- a tentative charge: refundable until F, and tallied as such until then
       local until_ms = stamp + horizon
+      local tally_add = refundable()
       tally_add(meta, until_ms, entry, now)
       return text_id .. ' ' .. used_text .. ' ' .. string.format(INT, until_ms)
     end
@@ -270,11 +271,12 @@ else
   -- fits once the log is down to target + refundable: the same walk says when, first.
   local target = limit - cost
   local known = (state[1] and 1 or 0) + (state[2] and 1 or 0) + (state[3] and 1 or 0)
-  local refundable = tally_units(meta, now, known)
+  local _, _, tally_units = refundable()
+  local pending = tally_units(meta, now, known)
   reset = window -- unless the entries say sooner (they always do while the sum agrees with them)
   certain = -1
   local left = used
-  if left <= target + refundable then
+  if left <= target + pending then
     certain = 0
   end
   local from = 0
@@ -289,7 +291,7 @@ else
     end
     for i = 1, #batch, 2 do
       left = left - cost_of(batch[i])
-      if certain < 0 and left <= target + refundable then
+      if certain < 0 and left <= target + pending then
         certain = tonumber(batch[i + 1]) + window - now
       end
       if left <= target then

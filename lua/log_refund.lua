@@ -56,6 +56,7 @@ if redis.call('ZREM', log, member) == 0 then
   return 0
 end
 if until_ms > 0 and untally > 0 then
+  local _, tally_remove = refundable()
   tally_remove(meta, until_ms, untally)
 end
 if keep > 0 then
