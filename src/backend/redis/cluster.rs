@@ -32,7 +32,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::connect::{Addr, Auth, Kind, Target};
 use super::keys::KeySpace;
-use super::scripts::{Call, Scripts, refund_was_late};
+use super::scripts::{Call, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
@@ -453,12 +453,7 @@ impl Backend for ClusterBackend {
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         let calls: Vec<Call<'_>> = receipts.iter().map(|r| self.scripts.refund(r)).collect();
         let results = join_all(calls.iter().map(|call| self.call(call, Operation::Release))).await;
-        observe::late_refunds(
-            results
-                .iter()
-                .filter(|result| result.as_ref().is_ok_and(refund_was_late))
-                .count(),
-        );
+        count_late_refunds(&results);
         results.into_iter().try_for_each(|result| result.map(drop))
     }
 

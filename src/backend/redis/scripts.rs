@@ -440,10 +440,15 @@ impl Call<'_> {
     }
 }
 
-/// Whether a refund script's reply says it came after the charge's horizon (and changed
-/// nothing).
-pub fn refund_was_late(reply: &Value) -> bool {
-    matches!(reply, Value::Int(-1))
+/// Counts the refund replies among `results` that say they came after their charge's horizon
+/// (and changed nothing).
+pub fn count_late_refunds(results: &[Result<Value, BackendError>]) {
+    crate::backend::observe::late_refunds(
+        results
+            .iter()
+            .filter(|result| matches!(result, Ok(Value::Int(-1))))
+            .count(),
+    );
 }
 
 /// Exactly `N` decimal integers separated by single spaces, as the scripts' short answers

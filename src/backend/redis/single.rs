@@ -19,7 +19,7 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::keys::KeySpace;
-use super::scripts::{Call, Scripts, refund_was_late};
+use super::scripts::{Call, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
@@ -194,12 +194,7 @@ impl RedisBackend {
             Err(err) => vec![Err(err)],
         };
         self.record(&results);
-        observe::late_refunds(
-            results
-                .iter()
-                .filter(|result| result.as_ref().is_ok_and(refund_was_late))
-                .count(),
-        );
+        count_late_refunds(&results);
         results.into_iter().try_for_each(|result| result.map(drop))
     }
 
