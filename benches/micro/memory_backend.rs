@@ -27,6 +27,8 @@ fn hits(keys: usize, algorithm: Algorithm, limit: u64, shards: u16) -> Vec<Hit> 
             shards,
             lease_ms: 0,
             tentative: false,
+            group: 0,
+            descriptor_tag: false,
         })
         .collect()
 }

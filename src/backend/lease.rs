@@ -343,6 +343,7 @@ impl<B: Backend> Leased<B> {
             cost: Cost::Consume(want),
             // Its unspent units go back when it settles.
             tentative: true,
+            group: 0,
             // A refused reservation larger than the hit must not be charged: the hit itself is
             // asked for next, and charged then if its counting says so.
             counting: if want > cost {
@@ -631,6 +632,8 @@ mod tests {
             shards: 1,
             lease_ms: lease_ms(W),
             tentative: false,
+            group: 0,
+            descriptor_tag: false,
         }
     }
 
@@ -718,6 +721,8 @@ mod tests {
             // Released hits are those of requests with other limits.
             let hit = Hit {
                 tentative: true,
+                group: 0,
+                descriptor_tag: false,
                 ..leased_hit("a", algorithm, 1000)
             };
             let kept = one(&backend, &hit).await;

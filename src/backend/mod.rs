@@ -52,6 +52,18 @@ pub struct Hit {
     /// time only, and its refusals meanwhile say how long they stand even if it is given back
     /// ([`Outcome::stands_ms`]). `false`: the charge is final, nothing ever gives it back.
     pub tentative: bool,
+    /// 0: the hit is decided on its own. Above 0: it is one of the limits of one descriptor
+    /// (`rate_limits`), decided together: the hits of one call with the same `group` are
+    /// adjacent, and are charged all or none. Each answers its own limit's verdict; when any of
+    /// them is refused, none of the others is charged (their outcomes carry no receipt). A
+    /// backend decides a group in one atomic step when [`Backend::joint`] says it can; the
+    /// limiter passes only such groups, and decides the others hit by hit with refunds.
+    pub group: u32,
+    /// The store's keys of this hit share their cluster hash tag with the other limits of its
+    /// descriptor: the tag leaves out the identity's last part (`@<algorithm><window>`), so one
+    /// script call can decide the descriptor's limits together. Set for every limit declared in
+    /// a `rate_limits` list, whatever the request, so the keys of a limit never move.
+    pub descriptor_tag: bool,
 }
 
 /// The verdict on one hit and, when it was admitted and consumed something, how to give it back.
@@ -151,6 +163,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Charges each hit against its window and answers one result per hit, in order. Each hit is
     /// atomic on its own; hits of different limiters may go to different nodes concurrently.
     fn acquire(&self, hits: &[Hit]) -> impl Future<Output = Results> + Send;
+
+    /// Whether this backend decides `group` (the hits of one [`Hit::group`]) in one atomic
+    /// step: no other decision, by this process or another, sees some of its charges without
+    /// the others. Decorators that split or answer such hits apart say no; the limiter then
+    /// decides the group's hits one by one, tentatively, and gives back what a refusal leaves.
+    fn joint(&self, group: &[Hit]) -> bool {
+        let _ = group;
+        false
+    }
 
     /// Gives back the charges named by `receipts` (best effort: a window that has since moved on
     /// simply loses the refund).
@@ -288,6 +309,14 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.failing_since(),
             AnyBackend::Redis(b) => b.failing_since(),
             AnyBackend::Cluster(b) => b.failing_since(),
+        }
+    }
+
+    fn joint(&self, group: &[Hit]) -> bool {
+        match self {
+            AnyBackend::Memory(b) => b.joint(group),
+            AnyBackend::Redis(b) => b.joint(group),
+            AnyBackend::Cluster(b) => b.joint(group),
         }
     }
 }

@@ -184,6 +184,8 @@ mod tests {
             shards: 1,
             lease_ms: 0,
             tentative: false,
+            group: 0,
+            descriptor_tag: false,
         }
     }
 

@@ -118,6 +118,8 @@ impl<B: ShardKeys> Sharded<B> {
             shards: 1,
             lease_ms: hit.lease_ms,
             tentative: hit.tentative,
+            group: 0,
+            descriptor_tag: false,
         }
     }
 }
@@ -340,6 +342,8 @@ pub(crate) mod tests {
             shards,
             lease_ms: 0,
             tentative: false,
+            group: 0,
+            descriptor_tag: false,
         }
     }
 

@@ -444,6 +444,8 @@ impl<B: Backend> Limiter<B> {
                         },
                         // Settled below, once every hit of the request is known.
                         tentative: false,
+                        group: 0,
+                        descriptor_tag: false,
                     });
                     Plan::Limited {
                         limit,

@@ -30,6 +30,8 @@ pub fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Co
         shards: 1,
         lease_ms: 0,
         tentative: false,
+        group: 0,
+        descriptor_tag: false,
     }
 }
 
@@ -37,6 +39,8 @@ pub fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Co
 pub fn tentative(hit: Hit) -> Hit {
     Hit {
         tentative: true,
+        group: 0,
+        descriptor_tag: false,
         ..hit
     }
 }

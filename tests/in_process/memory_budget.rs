@@ -39,6 +39,8 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Cost) 
         shards: 1,
         lease_ms: 0,
         tentative: false,
+        group: 0,
+        descriptor_tag: false,
     }
 }
 

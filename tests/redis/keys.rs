@@ -70,11 +70,15 @@ async fn idle_keys_of_short_windows_are_gone_within_three_windows_and_a_second(t
                 plain.clone(),
                 Hit {
                     tentative: true,
+                    group: 0,
+                    descriptor_tag: false,
                     ..plain.clone()
                 },
                 Hit {
                     lease_ms: window_ms / 10,
                     tentative: true,
+                    group: 0,
+                    descriptor_tag: false,
                     ..plain.clone()
                 },
                 plain,

@@ -167,6 +167,8 @@ impl Limit {
             shards: 1,
             lease_ms: 0,
             tentative: false,
+            group: 0,
+            descriptor_tag: false,
         }
     }
 
@@ -400,6 +402,8 @@ async fn refunds_restore_the_charged_shard(t: &Target) {
                 shards: limit.shards,
                 lease_ms: 0,
                 tentative: false,
+                group: 0,
+                descriptor_tag: false,
             };
             let outcome = backend.acquire(&[hit]).await.remove(0).expect("an answer");
             assert!(outcome.verdict.admitted, "{limit:?}");

@@ -296,6 +296,8 @@ async fn simulate(
             shards,
             lease_ms: 0,
             tentative: false,
+            group: 0,
+            descriptor_tag: false,
         };
         let outcome = backend
             .acquire(std::slice::from_ref(&hit))
@@ -339,6 +341,8 @@ async fn memory_per_hit(
         shards: 1,
         lease_ms: 0,
         tentative: false,
+        group: 0,
+        descriptor_tag: false,
     };
     let key = format!("perhit-{}-{hits}", algorithm.name());
     let memory = MemoryBackend::new();

@@ -64,6 +64,8 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: u64) -> Hit {
         shards: 1,
         lease_ms: 0,
         tentative: false,
+        group: 0,
+        descriptor_tag: false,
     }
 }
 

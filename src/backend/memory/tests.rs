@@ -26,6 +26,8 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: Cost) -> Hit {
         shards: 1,
         lease_ms: 0,
         tentative: false,
+        group: 0,
+        descriptor_tag: false,
     }
 }
 

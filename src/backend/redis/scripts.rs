@@ -515,6 +515,8 @@ mod tests {
             shards: 1,
             lease_ms,
             tentative: false,
+            group: 0,
+            descriptor_tag: false,
         }
     }
 
@@ -587,6 +589,8 @@ mod tests {
         assert_eq!(horizon, 2_000);
         let tentative = |algorithm, lease_ms| Hit {
             tentative: true,
+            group: 0,
+            descriptor_tag: false,
             ..hit(algorithm, Counting::Admitted, lease_ms)
         };
         let args = |h: &Hit| sent_args(&scripts.acquire(&keys, h).expect("a valid hit"));
