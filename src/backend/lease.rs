@@ -544,6 +544,12 @@ impl<B: Backend> Backend for Leased<B> {
         result
     }
 
+    /// A leased hit is answered from its own slice, apart from its group.
+    fn joint(&self, group: &[Hit]) -> bool {
+        !(self.enabled && group.iter().any(|hit| leased_cost(hit).is_some()))
+            && self.inner.joint(group)
+    }
+
     async fn ping(&self) -> Result<(), BackendError> {
         self.inner.ping().await
     }

@@ -51,6 +51,7 @@ use hashbrown::HashTable;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use smallvec::SmallVec;
 
 use crate::backend::{
     Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
@@ -576,6 +577,36 @@ enum Looked {
     Ask,
 }
 
+/// A group (the limits of one descriptor, [`Hit::group`]) one of whose hits has a cached refusal
+/// is refused as a whole without asking the store: its other hits are answered as nobody
+/// decided them, admitted with nothing charged and marked `cached` (an admitted cached outcome
+/// means exactly this; the cache itself keeps only refusals).
+fn unask_refused_groups(hits: &[Hit], looked: &mut [Looked]) {
+    let refused_groups: SmallVec<[u32; 4]> = hits
+        .iter()
+        .zip(looked.iter())
+        .filter(|(hit, looked)| hit.group != 0 && matches!(looked, Looked::Cached(_)))
+        .map(|(hit, _)| hit.group)
+        .collect();
+    if refused_groups.is_empty() {
+        return;
+    }
+    for (hit, looked) in hits.iter().zip(looked.iter_mut()) {
+        if matches!(looked, Looked::Ask) && refused_groups.contains(&hit.group) {
+            *looked = Looked::Cached(Outcome {
+                verdict: Verdict {
+                    admitted: true,
+                    remaining: hit.limit,
+                    reset_ms: 0,
+                },
+                receipt: None,
+                cached: true,
+                stands_ms: 0,
+            });
+        }
+    }
+}
+
 /// Every stripe's release counter as read before a backend call.
 struct Releases([u64; STRIPES]);
 
@@ -601,7 +632,14 @@ impl<B: Backend> LocalCache<B> {
             self.store_refusals(hits.iter(), &answers, now_ms, &releases);
             return answers;
         }
-        let looked: Vec<Looked> = hits.iter().map(|hit| self.lookup(hit, now_ms)).collect();
+        let mut looked: Vec<Looked> = hits.iter().map(|hit| self.lookup(hit, now_ms)).collect();
+        let refused_here = looked
+            .iter()
+            .filter(|looked| matches!(looked, Looked::Cached(_)))
+            .count();
+        if refused_here > 0 {
+            unask_refused_groups(hits, &mut looked);
+        }
         let local = looked
             .iter()
             .filter(|looked| matches!(looked, Looked::Cached(_)))
@@ -609,8 +647,9 @@ impl<B: Backend> LocalCache<B> {
         let answers = if local == 0 {
             self.inner.acquire(hits).await
         } else {
-            self.answered.fetch_add(local as u64, Ordering::Relaxed);
-            metrics().answers.inc_by(local as u64);
+            self.answered
+                .fetch_add(refused_here as u64, Ordering::Relaxed);
+            metrics().answers.inc_by(refused_here as u64);
             let asked: Vec<Hit> = hits
                 .iter()
                 .zip(&looked)
@@ -670,6 +709,10 @@ impl<B: Backend> Backend for LocalCache<B> {
         let released = self.inner.release(receipts).await;
         self.forget(receipts);
         released
+    }
+
+    fn joint(&self, group: &[Hit]) -> bool {
+        self.inner.joint(group)
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

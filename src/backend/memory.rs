@@ -228,6 +228,54 @@ impl MemoryBackend {
         let window_ms = window_of(hit.window_ms);
         let (id, index) = self.locate(&hit.key, hit.algorithm, window_ms);
         let mut shard = self.lock(index);
+        Self::decide_in(&mut shard, id, hit, now)
+    }
+
+    /// Decides the hits of one group (the limits of one descriptor) in one step: every shard
+    /// they live in is locked at once, in index order (the only place that holds two, so no
+    /// two callers wait on each other), each hit is decided, and when any is refused the
+    /// charges of the others that count admitted hits only are given back before the locks go:
+    /// no other decision sees them.
+    fn decide_group(&self, group: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        let now = self.clock.now_ms();
+        let located: Vec<(Id, usize)> = group
+            .iter()
+            .map(|hit| self.locate(&hit.key, hit.algorithm, window_of(hit.window_ms)))
+            .collect();
+        let mut indexes: Vec<usize> = located.iter().map(|(_, index)| *index).collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = indexes
+            .iter()
+            .map(|&index| (index, self.lock(index)))
+            .collect();
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(group.len());
+        for (hit, (id, index)) in group.iter().zip(&located) {
+            let Some((_, shard)) = guards.iter_mut().find(|(i, _)| i == index) else {
+                continue;
+            };
+            outcomes.push(Self::decide_in(shard, *id, hit, now));
+        }
+        if outcomes.iter().any(|outcome| !outcome.verdict.admitted) {
+            for ((hit, (id, index)), outcome) in group.iter().zip(&located).zip(&mut outcomes) {
+                if hit.counting != Counting::Admitted {
+                    continue;
+                }
+                let Some(receipt) = outcome.receipt.take() else {
+                    continue;
+                };
+                if let Some((_, shard)) = guards.iter_mut().find(|(i, _)| i == index) {
+                    shard.refund(*id, &receipt, window_of(receipt.window_ms));
+                }
+            }
+        }
+        drop(guards);
+        outcomes.into_iter().map(Ok).collect()
+    }
+
+    /// Decides `hit`, whose window is `id`, in its locked shard.
+    fn decide_in(shard: &mut Shard, id: Id, hit: &Hit, now: u64) -> Outcome {
+        let window_ms = window_of(hit.window_ms);
         let now = shard.advance_clock(now);
         shard.count_operation(now);
         // `hit.shards` is not read here: `backend::Sharded` splits a sharded limit into plain
@@ -302,7 +350,33 @@ impl fmt::Debug for MemoryBackend {
 
 impl Backend for MemoryBackend {
     async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
-        hits.iter().map(|hit| Ok(self.decide(hit))).collect()
+        if hits.iter().all(|hit| hit.group == 0) {
+            return hits.iter().map(|hit| Ok(self.decide(hit))).collect();
+        }
+        let mut results = Vec::with_capacity(hits.len());
+        let mut rest = hits;
+        while let Some(first) = rest.first() {
+            let run = if first.group == 0 {
+                1
+            } else {
+                rest.iter()
+                    .take_while(|hit| hit.group == first.group)
+                    .count()
+            };
+            let (group, after) = rest.split_at(run);
+            if run == 1 {
+                results.push(Ok(self.decide(first)));
+            } else {
+                results.extend(self.decide_group(group));
+            }
+            rest = after;
+        }
+        results
+    }
+
+    /// Every group is decided under the locks of all its windows at once.
+    fn joint(&self, _group: &[Hit]) -> bool {
+        true
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {

@@ -75,7 +75,10 @@ pub struct Outcome {
     /// undo the charge. (A refused hit charged under [`Counting::All`] has none: nothing ever
     /// gives such a charge back.)
     pub receipt: Option<Receipt>,
-    /// Whether the local over-limit cache answered, without asking the store.
+    /// Whether the local over-limit cache answered, without asking the store: with a refusal
+    /// it holds, or, for an admitted verdict, because it refused another hit of this hit's
+    /// group, so nobody decided this one (nothing is charged; the verdict says only that this
+    /// limit did not refuse).
     pub cached: bool,
     /// For a refusal: how long from the decision it stands whatever the charges still
     /// refundable in the store are given back, by this instance or any other (at most

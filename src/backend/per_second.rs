@@ -89,6 +89,26 @@ impl<B: Backend> Backend for PerSecond<B> {
         }
     }
 
+    /// A group whose hits live in two stores cannot be decided in one step.
+    fn joint(&self, group: &[Hit]) -> bool {
+        match &self.per_second {
+            None => self.main.joint(group),
+            Some(per_second) => {
+                let fast = group
+                    .iter()
+                    .filter(|hit| hit.window_ms == ONE_SECOND_MS)
+                    .count();
+                if fast == 0 {
+                    self.main.joint(group)
+                } else if fast == group.len() {
+                    per_second.joint(group)
+                } else {
+                    false
+                }
+            }
+        }
+    }
+
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         let Some(per_second) = &self.per_second else {
             return self.main.release(receipts).await;

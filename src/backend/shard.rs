@@ -259,6 +259,11 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
         self.inner.ping().await
     }
 
+    /// A sharded hit goes to one shard and may be retried on another, apart from its group.
+    fn joint(&self, group: &[Hit]) -> bool {
+        !group.iter().any(is_sharded) && self.inner.joint(group)
+    }
+
     async fn maintain(&self) {
         self.inner.maintain().await
     }

@@ -133,6 +133,13 @@ pub struct Limit {
     pub value_to_metric: bool,
     /// Names from `rate_limit.replaces`.
     pub replaces: Vec<String>,
+    /// Declared in a `rate_limits` list: decided together with the other limits of its
+    /// descriptor (all charged or none), and its store keys share the descriptor's hash tag.
+    pub joint: bool,
+    /// The key the statistics count this limit under (before request-built keys): `full_key`
+    /// for a descriptor's only limit; for one of a `rate_limits` list, `full_key`, `.` and its
+    /// name, or its 1-based position in the list when it has none (`edge.user.burst`).
+    pub series_key: String,
     /// What the statistics keep for this limit, made at its first decision.
     pub attached: Attached,
 }
@@ -142,6 +149,8 @@ impl Limit {
     /// default: what a descriptor's own `limit` override makes.
     pub fn plain(full_key: String, requests_per_unit: u32, unit: Unit) -> Limit {
         Limit {
+            series_key: full_key.clone(),
+            joint: false,
             full_key,
             name: None,
             requests_per_unit,

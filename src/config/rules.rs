@@ -535,6 +535,8 @@ impl<'p, L: Location> Checker<'p, L> {
         };
 
         Ok(Limit {
+            series_key: full_key.to_string(),
+            joint: false,
             full_key: full_key.to_string(),
             name: name.map(str::to_string),
             requests_per_unit,

@@ -36,9 +36,14 @@ use smallvec::SmallVec;
 
 pub use crate::counter_key::limiter_key;
 
+mod choose;
+mod metadata;
+
+use choose::{Answer, most_constrained, usage_of};
+
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, Results};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
-use crate::descriptor::{Descriptor, LimitOverride, Request};
+use crate::descriptor::{Descriptor, Request};
 use crate::telemetry::{self, CallOutcome};
 use crate::window::{self, Cost, Counting};
 
@@ -107,7 +112,7 @@ pub struct LimitReport {
     pub limit: Arc<Limit>,
     /// The key the statistics are counted under when it comes from the request
     /// (`detailed_metric`, `value_to_metric`, a descriptor's own `limit`); `None`: the limit's
-    /// `full_key`. See [`LimitReport::stat_key`].
+    /// `series_key`. See [`LimitReport::stat_key`].
     pub request_key: Option<String>,
     /// Whether the limit is the descriptor's own (Envoy's `limit` override), not the policies'.
     pub overridden: bool,
@@ -121,9 +126,12 @@ pub struct LimitReport {
 
 impl LimitReport {
     /// The key the reference counts this limit's statistics under, before its stat-name
-    /// sanitising: `domain.key_value.key...`.
+    /// sanitising: `domain.key_value.key...`; for one of several limits of a descriptor, with
+    /// its name after it ([`Limit::series_key`]).
     pub fn stat_key(&self) -> &str {
-        self.request_key.as_deref().unwrap_or(&self.limit.full_key)
+        self.request_key
+            .as_deref()
+            .unwrap_or(&self.limit.series_key)
     }
 }
 
@@ -219,10 +227,17 @@ pub struct Limiter<B> {
     limit_headers: Option<LimitHeaders>,
 }
 
-/// What one descriptor resolved to: the limit that applies, if any, the identity of the counter
-/// it charges (empty when nothing will be charged) and its statistics key when the request
-/// supplies it.
-type Resolved<'c> = (Option<LimitRef<'c>>, String, Option<String>);
+/// One limit a descriptor resolved to: the limit, the identity of the counter it charges (empty
+/// when nothing will be charged) and its statistics key when the request supplies it.
+struct Found<'c> {
+    limit: LimitRef<'c>,
+    key: String,
+    request_key: Option<String>,
+}
+
+/// What one descriptor resolved to: nothing, or the limits that apply in declaration order
+/// (one for `rate_limit`, several for `rate_limits`).
+type Resolved<'c> = SmallVec<[Found<'c>; 1]>;
 
 /// A limit as `resolve` found it: borrowed from the config snapshot, or a descriptor's own,
 /// made for this request. Borrowing keeps the snapshot's limits uncounted until a plan needs
@@ -264,14 +279,19 @@ enum Plan {
     Free,
     /// An `unlimited` limit applies.
     Unlimited,
-    /// A limit to charge; `hit` indexes the request's hits, `counting` is the limit's in force.
-    Limited {
-        limit: Arc<Limit>,
-        hit: usize,
-        counting: Counting,
-        request_key: Option<String>,
-        overridden: bool,
-    },
+    /// Limits to charge, in declaration order; the hits of one descriptor are adjacent.
+    Limited(SmallVec<[Planned; 1]>),
+}
+
+/// One limit of a descriptor to charge.
+struct Planned {
+    limit: Arc<Limit>,
+    /// Indexes the request's hits.
+    hit: usize,
+    /// The limit's counting in force.
+    counting: Counting,
+    request_key: Option<String>,
+    overridden: bool,
 }
 
 /// A request's statuses and reports as the backend's verdicts make them, before a rejected
@@ -279,6 +299,10 @@ enum Plan {
 struct Verdicts {
     statuses: Vec<Status>,
     reports: Vec<LimitReport>,
+    /// Per descriptor, which of its planned limits its status describes.
+    chosen: PerDescriptor<Option<usize>>,
+    /// Per descriptor, whether one of its limits refused the hit (shadow mode or not).
+    refused: PerDescriptor<bool>,
     /// Over a plain limit, or over every quota limit.
     rejected: bool,
     /// The longest wait of the limits over, in seconds, for `retry-after`.
@@ -354,20 +378,20 @@ impl<B: Backend> Limiter<B> {
             .await
         };
         let mut verdicts = self.verdicts(request, &plans, &results);
-        if verdicts.rejected {
-            let receipts = refundable(&plans, &mut results);
+        if verdicts.rejected || verdicts.refused.iter().any(|refused| *refused) {
+            let receipts = refundable(&plans, &mut results, &verdicts);
             if !receipts.is_empty() {
-                // Boxed: only a rejection with charges to return awaits a release, and its
+                // Boxed: only a refusal with charges to return awaits a release, and its
                 // future would otherwise widen the state of every decision.
-                Box::pin(self.give_back(receipts, &mut verdicts.statuses)).await;
+                Box::pin(self.give_back(receipts, &mut verdicts)).await;
             }
         }
         Ok(self.conclude(request, &plans, verdicts, &metadata_sources))
     }
 
-    /// The limit of each descriptor and the counter it charges: the descriptor's own `limit`
-    /// override if it carries one, else what its domain's descriptor tree says. Collects the
-    /// matched nodes' `metadata` by descriptor index.
+    /// The limits of each descriptor and the counters they charge: the descriptor's own
+    /// `limit` override if it carries one, else what its domain's descriptor tree says.
+    /// Collects the matched nodes' `metadata` by descriptor index.
     fn resolve<'c>(
         config: &'c Config,
         request: &Request,
@@ -378,12 +402,13 @@ impl<B: Backend> Limiter<B> {
             return request
                 .descriptors
                 .iter()
-                .map(|_| (None, String::new(), None))
+                .map(|_| Resolved::new())
                 .collect();
         };
         let mut resolved = ResolvedAll::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            let entry = if let Some(limit) = override_limit(&request.domain, descriptor) {
+            let mut found = Resolved::new();
+            if let Some(limit) = override_limit(&request.domain, descriptor) {
                 let key = limiter_key(
                     &request.domain,
                     &descriptor.entries,
@@ -392,194 +417,301 @@ impl<B: Backend> Limiter<B> {
                     limit.window_ms,
                 );
                 // The override's statistics are keyed by the request's entries.
-                let stat_key = limit.full_key.clone();
-                (Some(LimitRef::Own(limit)), key, Some(stat_key))
+                let request_key = Some(limit.full_key.clone());
+                found.push(Found {
+                    limit: LimitRef::Own(limit),
+                    key,
+                    request_key,
+                });
             } else if let Some(matched) = domain.resolve(&descriptor.entries) {
                 if let Some(meta) = matched.metadata {
                     metadata_sources.push((index, meta));
                 }
-                (
-                    Some(LimitRef::Config(matched.limit)),
-                    matched.counter_key,
-                    matched.metric_key,
-                )
-            } else {
-                (None, String::new(), None)
-            };
-            resolved.push(entry);
+                found.push(Found {
+                    limit: LimitRef::Config(matched.limit),
+                    key: matched.counter_key,
+                    request_key: matched.metric_key,
+                });
+            }
+            resolved.push(found);
         }
         resolved
     }
 
-    /// Applies `replaces` and `unlimited`, and turns the remaining limits into backend hits.
+    /// Applies `replaces` and `unlimited`, turns the remaining limits into backend hits, and
+    /// settles how each is decided: the limits of one descriptor together when the backend can
+    /// ([`Backend::joint`]), and tentatively when a refusal elsewhere may give the charge back.
     fn plan(&self, request: &Request, mut resolved: ResolvedAll<'_>, hits: &mut Hits) -> Plans {
         let mut plans = Plans::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            let Some((limit, _, _)) = resolved.get(index) else {
+            let Some(found) = resolved.get(index) else {
                 break;
             };
-            let plan = match limit.as_ref().map(LimitRef::arc) {
-                None => Plan::Free,
-                Some(limit) if limit.unlimited => Plan::Unlimited,
-                Some(limit) if is_replaced(limit, &resolved) => Plan::Free,
-                Some(limit) => {
-                    let limit = Arc::clone(limit);
-                    let counting = limit.counting.unwrap_or(self.settings.counting);
-                    hits.push(Hit {
-                        // The key was built for this hit alone: move it rather than copy it.
-                        key: resolved
-                            .get_mut(index)
-                            .map(|(_, key, _)| std::mem::take(key))
-                            .unwrap_or_default(),
-                        algorithm: limit.algorithm,
-                        limit: u64::from(limit.requests_per_unit),
-                        window_ms: limit.window_ms,
-                        cost: cost_of(request, descriptor),
-                        counting,
-                        shards: limit.shards,
-                        lease_ms: if limit.lease {
-                            crate::backend::lease::lease_ms(limit.window_ms)
-                        } else {
-                            0
-                        },
-                        // Settled below, once every hit of the request is known.
-                        tentative: false,
-                        group: 0,
-                        descriptor_tag: false,
-                    });
-                    Plan::Limited {
-                        limit,
-                        hit: hits.len() - 1,
-                        counting,
-                        request_key: resolved.get_mut(index).and_then(|(_, _, key)| key.take()),
-                        // `resolve` takes a descriptor's own limit whenever it names a unit.
-                        overridden: descriptor.limit.is_some_and(|l| l.unit.is_some()),
-                    }
-                }
+            if found.is_empty() {
+                plans.push(Plan::Free);
+                continue;
+            }
+            if found.iter().any(|f| f.limit.arc().unlimited) {
+                // Only a descriptor's one `rate_limit` can be unlimited.
+                plans.push(Plan::Unlimited);
+                continue;
+            }
+            let kept: SmallVec<[bool; 4]> = found
+                .iter()
+                .map(|f| !is_replaced(f.limit.arc(), &resolved))
+                .collect();
+            let group = if kept.iter().filter(|k| **k).count() > 1 {
+                u32::try_from(index + 1).unwrap_or(u32::MAX)
+            } else {
+                0
             };
-            plans.push(plan);
+            let mut planned = SmallVec::new();
+            for (position, keep) in kept.into_iter().enumerate() {
+                let Some(found) = resolved
+                    .get_mut(index)
+                    .and_then(|found| found.get_mut(position))
+                else {
+                    break;
+                };
+                if !keep {
+                    continue;
+                }
+                let limit = Arc::clone(found.limit.arc());
+                let counting = limit.counting.unwrap_or(self.settings.counting);
+                hits.push(Hit {
+                    // The key was built for this hit alone: move it rather than copy it.
+                    key: std::mem::take(&mut found.key),
+                    algorithm: limit.algorithm,
+                    limit: u64::from(limit.requests_per_unit),
+                    window_ms: limit.window_ms,
+                    cost: cost_of(request, descriptor),
+                    counting,
+                    shards: limit.shards,
+                    lease_ms: if limit.lease {
+                        crate::backend::lease::lease_ms(limit.window_ms)
+                    } else {
+                        0
+                    },
+                    // Settled below, once every hit of the request is known.
+                    tentative: false,
+                    group,
+                    descriptor_tag: limit.joint,
+                });
+                planned.push(Planned {
+                    limit,
+                    hit: hits.len() - 1,
+                    counting,
+                    request_key: found.request_key.take(),
+                    // `resolve` takes a descriptor's own limit whenever it names a unit.
+                    overridden: descriptor.limit.is_some_and(|l| l.unit.is_some()),
+                });
+            }
+            plans.push(if planned.is_empty() {
+                Plan::Free
+            } else {
+                Plan::Limited(planned)
+            });
         }
-        // A charge is given back when another limit of the request refuses it (`refundable`),
-        // so with more than one hit every charge that a refusal does not keep is tentative; a
-        // lone hit's charge is final.
-        if hits.len() > 1 {
-            for hit in hits.iter_mut() {
-                hit.tentative = hit.counting == Counting::Admitted;
+        let total = hits.len();
+        for plan in &plans {
+            let Plan::Limited(planned) = plan else {
+                continue;
+            };
+            let (Some(first), Some(last)) = (planned.first(), planned.last()) else {
+                continue;
+            };
+            let Some(together) = hits.get_mut(first.hit..=last.hit) else {
+                continue;
+            };
+            if together.len() > 1 && !self.backend.joint(together) {
+                // Decided hit by hit: a refusal gives back what the others took.
+                for hit in together.iter_mut() {
+                    hit.group = 0;
+                }
+            }
+            // A charge is given back when another limit of the request refuses it
+            // (`refundable`), so every charge that a refusal does not keep is tentative unless
+            // its own group is the whole request; a lone hit's charge is final.
+            let decided_with = if together.first().is_some_and(|hit| hit.group != 0) {
+                together.len()
+            } else {
+                1
+            };
+            if total > decided_with {
+                for hit in together.iter_mut() {
+                    hit.tentative = hit.counting == Counting::Admitted;
+                }
             }
         }
         plans
     }
 
+    /// What one planned limit answered: its backend result, or its failure mode.
+    fn answer(
+        &self,
+        planned: &Planned,
+        cost: u64,
+        result: Option<&Result<Outcome, BackendError>>,
+    ) -> Answer {
+        let limit = &planned.limit;
+        match result {
+            Some(Ok(outcome)) if outcome.cached && outcome.verdict.admitted => Answer {
+                admitted: true,
+                remaining: u64::from(limit.requests_per_unit),
+                reset_ms: 0,
+                usage: Usage::Decided {
+                    before: 0,
+                    after: 0,
+                    admitted: true,
+                },
+                local_cache: false,
+                unasked: true,
+            },
+            Some(Ok(outcome)) => {
+                let verdict = outcome.verdict;
+                Answer {
+                    admitted: verdict.admitted,
+                    remaining: verdict.remaining,
+                    reset_ms: verdict.reset_ms,
+                    usage: usage_of(
+                        u64::from(limit.requests_per_unit),
+                        cost,
+                        verdict.admitted,
+                        verdict.remaining,
+                        planned.counting,
+                    ),
+                    local_cache: outcome.cached,
+                    unasked: false,
+                }
+            }
+            Some(Err(_)) | None => {
+                // The backend logs its own failures, once per burst. A missing result (a
+                // backend answering fewer hits than asked) is a failure too.
+                let mode = limit.failure_mode.unwrap_or(self.settings.failure_mode);
+                let (admitted, remaining, reset_ms) = match mode {
+                    FailureMode::Allow => (true, u64::from(limit.requests_per_unit), 0),
+                    FailureMode::Deny => (false, 0, 1000),
+                };
+                Answer {
+                    admitted,
+                    remaining,
+                    reset_ms,
+                    usage: Usage::Failed(mode),
+                    local_cache: false,
+                    unasked: false,
+                }
+            }
+        }
+    }
+
     /// Combines the backend's verdicts into one status per descriptor and one report per charged
     /// limit, and tells whether the request is rejected. Nothing is given back yet.
+    ///
+    /// A descriptor of several limits is admitted when every limit admits its hit. Its status
+    /// describes, when admitted, the limit with the least left (of equals, the shorter window);
+    /// when refused, the refusing limit whose retry comes last, so its reset is when every
+    /// limit would admit the same hit.
     fn verdicts(&self, request: &Request, plans: &Plans, results: &Results) -> Verdicts {
         let mut statuses = Vec::with_capacity(plans.len());
+        let mut chosen = PerDescriptor::new();
+        let mut refused = PerDescriptor::new();
         let mut rate_limits_over = 0usize;
         let (mut quota_total, mut quota_over) = (0usize, 0usize);
         let mut retry_after: Option<u64> = None;
         let mut reports = Vec::with_capacity(plans.len());
 
         for (descriptor, plan) in plans.iter().enumerate() {
-            let status = match plan {
+            let planned = match plan {
                 Plan::Free => {
                     // Under global quota mode a descriptor without a limit is a quota descriptor
                     // that always passes, as in envoyproxy/ratelimit.
                     if self.settings.quota_mode {
                         quota_total += 1;
                     }
-                    Status {
+                    statuses.push(Status {
                         code: Code::Ok,
                         limit: None,
                         remaining: 0,
                         reset: None,
-                    }
-                }
-                Plan::Unlimited => Status {
-                    code: Code::Ok,
-                    limit: None,
-                    remaining: u32::MAX,
-                    reset: None,
-                },
-                Plan::Limited {
-                    limit,
-                    hit,
-                    counting,
-                    request_key,
-                    overridden,
-                } => {
-                    let cost = match request.descriptors.get(descriptor) {
-                        Some(d) => match cost_of(request, d) {
-                            Cost::Consume(units) => units,
-                            Cost::CheckOnly => 0,
-                        },
-                        None => 0,
-                    };
-                    // Read in place: the receipts stay in `results` until a rejection needs them.
-                    // A missing result (a backend answering fewer hits than asked) is a failure.
-                    let local_cache = matches!(results.get(*hit), Some(Ok(o)) if o.cached);
-                    let (mut code, remaining, reset_ms, usage) = match results.get(*hit) {
-                        Some(Ok(outcome)) => {
-                            let verdict = outcome.verdict;
-                            let code = if verdict.admitted {
-                                Code::Ok
-                            } else {
-                                Code::OverLimit
-                            };
-                            let usage = usage_of(
-                                u64::from(limit.requests_per_unit),
-                                cost,
-                                verdict.admitted,
-                                verdict.remaining,
-                                *counting,
-                            );
-                            (code, verdict.remaining, verdict.reset_ms, usage)
-                        }
-                        Some(Err(_)) | None => {
-                            // The backend logs its own failures, once per burst.
-                            let mode = limit.failure_mode.unwrap_or(self.settings.failure_mode);
-                            let usage = Usage::Failed(mode);
-                            match mode {
-                                FailureMode::Allow => {
-                                    (Code::Ok, u64::from(limit.requests_per_unit), 0, usage)
-                                }
-                                FailureMode::Deny => (Code::OverLimit, 0, 1000, usage),
-                            }
-                        }
-                    };
-                    reports.push(LimitReport {
-                        descriptor,
-                        limit: Arc::clone(limit),
-                        request_key: request_key.clone(),
-                        overridden: *overridden,
-                        cost,
-                        usage,
-                        local_cache,
                     });
-                    if code == Code::OverLimit && limit.shadow_mode {
-                        code = Code::Ok;
-                    }
-                    let quota = self.settings.quota_mode || limit.quota_mode;
-                    if quota {
-                        quota_total += 1;
-                    }
-                    if code == Code::OverLimit {
-                        if quota {
-                            quota_over += 1;
-                        } else {
-                            rate_limits_over += 1;
-                        }
-                        let seconds = window::reset_seconds(reset_ms);
-                        retry_after = Some(retry_after.map_or(seconds, |r| r.max(seconds)));
-                    }
-                    Status {
-                        code,
-                        limit: Some(Arc::clone(limit)),
-                        remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-                        reset: Some(Duration::from_secs(window::reset_seconds(reset_ms))),
-                    }
+                    chosen.push(None);
+                    refused.push(false);
+                    continue;
                 }
+                Plan::Unlimited => {
+                    statuses.push(Status {
+                        code: Code::Ok,
+                        limit: None,
+                        remaining: u32::MAX,
+                        reset: None,
+                    });
+                    chosen.push(None);
+                    refused.push(false);
+                    continue;
+                }
+                Plan::Limited(planned) => planned,
             };
-            statuses.push(status);
+            let cost = match request.descriptors.get(descriptor) {
+                Some(d) => match cost_of(request, d) {
+                    Cost::Consume(units) => units,
+                    Cost::CheckOnly => 0,
+                },
+                None => 0,
+            };
+            // Read in place: the receipts stay in `results` until a refusal needs them.
+            let answers: SmallVec<[Answer; 1]> = planned
+                .iter()
+                .map(|p| self.answer(p, cost, results.get(p.hit)))
+                .collect();
+            for (p, answer) in planned.iter().zip(&answers) {
+                if answer.unasked {
+                    continue;
+                }
+                reports.push(LimitReport {
+                    descriptor,
+                    limit: Arc::clone(&p.limit),
+                    request_key: p.request_key.clone(),
+                    overridden: p.overridden,
+                    cost,
+                    usage: answer.usage,
+                    local_cache: answer.local_cache,
+                });
+            }
+            let over = answers.iter().any(|answer| !answer.admitted);
+            let pick = choose::pick(
+                |i| planned.get(i).map_or(0, |p| p.limit.window_ms),
+                &answers,
+                over,
+            );
+            let (Some(p), Some(answer)) = (planned.get(pick), answers.get(pick)) else {
+                continue;
+            };
+            let limit = &p.limit;
+            let mut code = if over { Code::OverLimit } else { Code::Ok };
+            if code == Code::OverLimit && limit.shadow_mode {
+                code = Code::Ok;
+            }
+            let quota = self.settings.quota_mode || limit.quota_mode;
+            if quota {
+                quota_total += 1;
+            }
+            if code == Code::OverLimit {
+                if quota {
+                    quota_over += 1;
+                } else {
+                    rate_limits_over += 1;
+                }
+                let seconds = window::reset_seconds(answer.reset_ms);
+                retry_after = Some(retry_after.map_or(seconds, |r| r.max(seconds)));
+            }
+            statuses.push(Status {
+                code,
+                limit: Some(Arc::clone(limit)),
+                remaining: u32::try_from(answer.remaining).unwrap_or(u32::MAX),
+                reset: Some(Duration::from_secs(window::reset_seconds(answer.reset_ms))),
+            });
+            chosen.push(Some(pick));
+            refused.push(over);
         }
 
         // As in envoyproxy/ratelimit: any plain limit over, or every quota limit over.
@@ -587,17 +719,19 @@ impl<B: Backend> Limiter<B> {
         Verdicts {
             statuses,
             reports,
+            chosen,
+            refused,
             rejected,
             retry_after,
         }
     }
 
-    /// Gives back the charges of a rejected request, `receipts` by status index; each status
-    /// then reports what its limit has left.
-    async fn give_back(&self, receipts: Vec<(usize, Receipt)>, statuses: &mut [Status]) {
+    /// Gives back the charges `receipts` names (by descriptor and limit); each status then
+    /// reports what its limit has left.
+    async fn give_back(&self, receipts: Vec<(usize, usize, Receipt)>, verdicts: &mut Verdicts) {
         let given_back: Vec<Receipt> = receipts
             .iter()
-            .map(|(_, receipt)| receipt.clone())
+            .map(|(_, _, receipt)| receipt.clone())
             .collect();
         // Failing to give back only errs on the strict side (fewer admissions later); the
         // backend logs it, and the statuses keep what was true before.
@@ -612,8 +746,11 @@ impl<B: Backend> Limiter<B> {
         )
         .await;
         if released.is_ok() {
-            for (status, receipt) in receipts {
-                if let Some(status) = statuses.get_mut(status) {
+            for (descriptor, position, receipt) in receipts {
+                let described = verdicts.chosen.get(descriptor).copied().flatten();
+                if described == Some(position)
+                    && let Some(status) = verdicts.statuses.get_mut(descriptor)
+                {
                     status.remaining =
                         u32::try_from(receipt.released_remaining).unwrap_or(u32::MAX);
                 }
@@ -635,6 +772,7 @@ impl<B: Backend> Limiter<B> {
             reports,
             rejected,
             retry_after,
+            ..
         } = verdicts;
         let overall = if rejected && !self.settings.shadow_mode {
             Code::OverLimit
@@ -663,14 +801,23 @@ impl<B: Backend> Limiter<B> {
             // A descriptor passed when a limit of the config applied and it is not over; a
             // replaced or unlimited limit contributes nothing, as in envoyproxy/ratelimit.
             let passed = |index: usize| {
-                matches!(plans.get(index), Some(Plan::Limited { .. }))
+                matches!(plans.get(index), Some(Plan::Limited(_)))
                     && statuses.get(index).is_some_and(|s| s.code == Code::Ok)
             };
             let sources = metadata_sources
                 .iter()
                 .filter(|(index, _)| passed(*index))
                 .map(|(_, meta)| meta);
-            dynamic_metadata(request, merge_metadata(sources))
+            let over_limit: Vec<(usize, &str)> = statuses
+                .iter()
+                .enumerate()
+                .filter(|(_, status)| status.code == Code::OverLimit)
+                .filter_map(|(index, status)| {
+                    let limit = status.limit.as_ref()?;
+                    Some((index, limit.name.as_deref().unwrap_or(&limit.full_key)))
+                })
+                .collect();
+            metadata::dynamic_metadata(request, metadata::merge_metadata(sources), &over_limit)
         });
         Decision {
             overall,
@@ -683,44 +830,36 @@ impl<B: Backend> Limiter<B> {
     }
 }
 
-/// The charges a rejected request gives back, taken out of `results`, by status index: those
-/// of limits that count admitted hits only.
-fn refundable(plans: &Plans, results: &mut Results) -> Vec<(usize, Receipt)> {
-    plans
-        .iter()
-        .enumerate()
-        .filter_map(|(status, plan)| match plan {
-            Plan::Limited {
-                hit,
-                counting: Counting::Admitted,
-                ..
-            } => {
-                let outcome = results.get_mut(*hit)?.as_mut().ok()?;
-                Some((status, outcome.receipt.take()?))
+/// The charges a refusal gives back, taken out of `results`, by descriptor and limit: those of
+/// limits that count admitted hits only, of every descriptor when the request is rejected, else
+/// of the descriptors one of whose limits refused (the limits of a descriptor are charged all
+/// or none).
+fn refundable(
+    plans: &Plans,
+    results: &mut Results,
+    verdicts: &Verdicts,
+) -> Vec<(usize, usize, Receipt)> {
+    let mut receipts = Vec::new();
+    for (descriptor, plan) in plans.iter().enumerate() {
+        let Plan::Limited(planned) = plan else {
+            continue;
+        };
+        if !verdicts.rejected && !verdicts.refused.get(descriptor).copied().unwrap_or(false) {
+            continue;
+        }
+        for (position, p) in planned.iter().enumerate() {
+            if p.counting != Counting::Admitted {
+                continue;
             }
-            _ => None,
-        })
-        .collect()
-}
-
-/// The status the RateLimit headers describe, chosen as envoyproxy/ratelimit chooses it: among
-/// the statuses with a limit, the one with the least remaining (the first of equals); but an
-/// OVER_LIMIT status of a limit that is not in quota mode wins, the last such in request order.
-fn most_constrained(statuses: &[Status]) -> Option<&Status> {
-    let mut chosen: Option<&Status> = None;
-    let mut least = u32::MAX;
-    for status in statuses {
-        if status.limit.is_some() && status.remaining < least {
-            least = status.remaining;
-            chosen = Some(status);
+            let Some(Ok(outcome)) = results.get_mut(p.hit) else {
+                continue;
+            };
+            if let Some(receipt) = outcome.receipt.take() {
+                receipts.push((descriptor, position, receipt));
+            }
         }
     }
-    for status in statuses {
-        if status.code == Code::OverLimit && status.limit.as_ref().is_some_and(|l| !l.quota_mode) {
-            chosen = Some(status);
-        }
-    }
-    chosen
+    receipts
 }
 
 /// Checks `request` against the protocol's bounds; the error says which rule and where. Bounded
@@ -773,39 +912,11 @@ fn validate(request: &Request) -> Result<(), LimiterError> {
 /// first).
 fn is_replaced(limit: &Limit, resolved: &[Resolved<'_>]) -> bool {
     limit.name.as_deref().is_some_and(|name| {
-        resolved.iter().any(|(other, _, _)| {
-            other
-                .as_ref()
-                .is_some_and(|o| o.arc().replaces.iter().any(|r| r == name))
-        })
+        resolved
+            .iter()
+            .flatten()
+            .any(|other| other.limit.arc().replaces.iter().any(|r| r == name))
     })
-}
-
-/// The usage around a hit of `cost` units on a limit of `limit`, from the backend's verdict.
-///
-/// The verdict's `remaining` is `floor(limit - used)`: after the hit when it was admitted; when
-/// it was refused, before it if refused hits are not recorded, after it (so 0) if they are. A
-/// refused hit recorded under [`Counting::All`] therefore tells only that usage was at or above
-/// the limit with it: it is taken as wholly over, which is exact for hits of one unit (they
-/// cannot cross the limit part way).
-fn usage_of(limit: u64, cost: u64, admitted: bool, remaining: u64, counting: Counting) -> Usage {
-    let used = limit.saturating_sub(remaining);
-    let (before, after) = if admitted {
-        (used.saturating_sub(cost), used)
-    } else {
-        match counting {
-            Counting::Admitted => (used, used.saturating_add(cost)),
-            Counting::All => {
-                let before = used.max(limit);
-                (before, before.saturating_add(cost))
-            }
-        }
-    };
-    Usage::Decided {
-        before,
-        after,
-        admitted,
-    }
 }
 
 /// The cost of one descriptor's hit: its own `hits_addend` (0 = check only), else the request's
@@ -837,90 +948,6 @@ fn override_limit(domain: &str, descriptor: &Descriptor) -> Option<Arc<Limit>> {
         requested.requests_per_unit,
         unit,
     )))
-}
-
-/// Merges the metadata of the limits of the descriptors that passed, in request order: the first
-/// writer wins per key, maps merge recursively, as envoyproxy/ratelimit does. `None` when there is
-/// nothing to merge.
-fn merge_metadata<'m>(sources: impl IntoIterator<Item = &'m MetaValue>) -> Option<MetaValue> {
-    let mut merged = MetaValue::Map(Vec::new());
-    for value in sources {
-        merge_into(&mut merged, value);
-    }
-    match &merged {
-        MetaValue::Map(fields) if fields.is_empty() => None,
-        _ => Some(merged),
-    }
-}
-
-fn merge_into(dest: &mut MetaValue, src: &MetaValue) {
-    let (MetaValue::Map(dest_fields), MetaValue::Map(src_fields)) = (dest, src) else {
-        return;
-    };
-    for (key, value) in src_fields {
-        match dest_fields.iter_mut().find(|(k, _)| k == key) {
-            Some((_, existing)) => merge_into(existing, value),
-            None => dest_fields.push((key.clone(), value.clone())),
-        }
-    }
-}
-
-/// The dynamic metadata of a response, in the shape envoyproxy/ratelimit gives it, so that
-/// Envoy configs reading `envoy.filters.http.ratelimit` metadata work unchanged: the domain;
-/// every descriptor's entries as `key=value` strings, its `limit` override in protobuf text form
-/// and its own `hitsAddend` when it has them; the request's `hitsAddend` when not 0; and the
-/// merged `metadata` when there is any.
-fn dynamic_metadata(request: &Request, metadata: Option<MetaValue>) -> MetaValue {
-    let descriptors = request
-        .descriptors
-        .iter()
-        .map(|descriptor| {
-            let entries = descriptor
-                .entries
-                .iter()
-                .map(|entry| MetaValue::String(format!("{}={}", entry.key, entry.value)))
-                .collect();
-            let mut fields = vec![("entries".to_string(), MetaValue::List(entries))];
-            if let Some(limit) = &descriptor.limit {
-                fields.push(("limit".to_string(), MetaValue::String(override_text(limit))));
-            }
-            if let Some(hits) = descriptor.hits_addend {
-                // A Struct number is a double, as in the reference.
-                fields.push(("hitsAddend".to_string(), MetaValue::Number(hits as f64)));
-            }
-            MetaValue::Map(fields)
-        })
-        .collect();
-    let mut fields = vec![
-        (
-            "domain".to_string(),
-            MetaValue::String(request.domain.to_string()),
-        ),
-        ("descriptors".to_string(), MetaValue::List(descriptors)),
-    ];
-    if request.hits_addend != 0 {
-        fields.push((
-            "hitsAddend".to_string(),
-            MetaValue::Number(f64::from(request.hits_addend)),
-        ));
-    }
-    if let Some(metadata) = metadata {
-        fields.push(("metadata".to_string(), metadata));
-    }
-    MetaValue::Map(fields)
-}
-
-/// A descriptor's `limit` override in protobuf text form, as the reference writes it:
-/// `requests_per_unit:10 unit:DAY`, fields at their zero value left out.
-fn override_text(limit: &LimitOverride) -> String {
-    let mut parts = Vec::with_capacity(2);
-    if limit.requests_per_unit != 0 {
-        parts.push(format!("requests_per_unit:{}", limit.requests_per_unit));
-    }
-    if let Some(unit) = limit.unit {
-        parts.push(format!("unit:{}", unit.as_str().to_ascii_uppercase()));
-    }
-    parts.join(" ")
 }
 
 /// How an acquire call went, for its span: any failed hit makes it an error, else any refused

@@ -1,7 +1,8 @@
 //! The limiter's own rules, checked without a backend: request validation and counter identities.
 
+use super::metadata::{dynamic_metadata, merge_metadata, override_text};
 use super::*;
-use crate::descriptor::{Descriptor, Entry, Text};
+use crate::descriptor::{Descriptor, Entry, LimitOverride, Text};
 
 mod validation {
     use super::*;
@@ -154,7 +155,7 @@ mod dynamic_metadata {
             ("hitsAddend", MetaValue::Number(5.0)),
             ("metadata", map(&[("name", text("service_1"))])),
         ]);
-        assert_eq!(dynamic_metadata(&request, merged), expected);
+        assert_eq!(dynamic_metadata(&request, merged, &[]), expected);
 
         // A request hits_addend of 0 and no metadata leave their keys out.
         let plain = Request {
@@ -166,7 +167,7 @@ mod dynamic_metadata {
             hits_addend: 0,
         };
         assert_eq!(
-            dynamic_metadata(&plain, None),
+            dynamic_metadata(&plain, None, &[]),
             map(&[
                 ("domain", text("d")),
                 (

@@ -470,12 +470,12 @@ impl Metrics {
     }
 }
 
-/// The `limit` label of a failure-mode answer: the limit's full key, which comes from the
+/// The `limit` label of a failure-mode answer: the limit's series key, which comes from the
 /// policies, except for a descriptor's own limit, whose key the request made.
 fn failure_label(domain: &str, report: &LimitReport) -> String {
     if report.overridden {
         format!("{domain}.(override)")
     } else {
-        report.limit.full_key.clone()
+        report.limit.series_key.clone()
     }
 }

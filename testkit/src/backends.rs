@@ -37,6 +37,7 @@ mod erased {
         fn maintain(&self) -> BoxFuture<'_, ()>;
         fn memory_usage(&self) -> Option<MemoryUsage>;
         fn failing_since(&self) -> Option<SustainedFailure>;
+        fn joint(&self, group: &[Hit]) -> bool;
     }
 
     impl<B: Backend> DynBackend for B {
@@ -68,6 +69,10 @@ mod erased {
 
         fn failing_since(&self) -> Option<SustainedFailure> {
             Backend::failing_since(self)
+        }
+
+        fn joint(&self, group: &[Hit]) -> bool {
+            Backend::joint(self, group)
         }
     }
 }
@@ -119,6 +124,10 @@ impl Backend for TestBackend {
     fn failing_since(&self) -> Option<SustainedFailure> {
         self.inner.failing_since()
     }
+
+    fn joint(&self, group: &[Hit]) -> bool {
+        self.inner.joint(group)
+    }
 }
 
 /// Splits every limit over at least `shards` shards, as if each had `shards: N` in its policy:
@@ -149,10 +158,9 @@ impl<B> ForceShards<B> {
     }
 }
 
-impl<B: Backend> Backend for ForceShards<B> {
-    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
-        let hits: Vec<Hit> = hits
-            .iter()
+impl<B> ForceShards<B> {
+    fn force(&self, hits: &[Hit]) -> Vec<Hit> {
+        hits.iter()
             .map(|hit| Hit {
                 shards: hit.shards.max(self.shards),
                 lease_ms: if self.lease {
@@ -162,8 +170,18 @@ impl<B: Backend> Backend for ForceShards<B> {
                 },
                 ..hit.clone()
             })
-            .collect();
+            .collect()
+    }
+}
+
+impl<B: Backend> Backend for ForceShards<B> {
+    async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        let hits = self.force(hits);
         self.inner.acquire(&hits).await
+    }
+
+    fn joint(&self, group: &[Hit]) -> bool {
+        self.inner.joint(&self.force(group))
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
@@ -227,6 +245,10 @@ impl Backend for ClockedRedis {
     fn failing_since(&self) -> Option<SustainedFailure> {
         self.inner.failing_since()
     }
+
+    fn joint(&self, group: &[Hit]) -> bool {
+        self.inner.joint(group)
+    }
 }
 
 impl ShardKeys for ClockedRedis {
@@ -264,6 +286,13 @@ impl Backend for ClockedStore {
         match self {
             ClockedStore::Memory(b) => b.ping().await,
             ClockedStore::Redis(b) => b.ping().await,
+        }
+    }
+
+    fn joint(&self, group: &[Hit]) -> bool {
+        match self {
+            ClockedStore::Memory(b) => b.joint(group),
+            ClockedStore::Redis(b) => b.joint(group),
         }
     }
 }
@@ -343,6 +372,10 @@ impl<B: Backend> Backend for CountCalls<B> {
 
     fn failing_since(&self) -> Option<SustainedFailure> {
         self.inner.failing_since()
+    }
+
+    fn joint(&self, group: &[Hit]) -> bool {
+        self.inner.joint(group)
     }
 }
 
