@@ -102,6 +102,8 @@ pub struct EnvoyBuilder {
     rls_addr: SocketAddr,
     failure_mode_deny: bool,
     descriptors: Vec<Vec<Action>>,
+    /// The edge listener's access log: its format and the file it goes to.
+    access_log: Option<(String, std::sync::Arc<tempfile::NamedTempFile>)>,
 }
 
 impl EnvoyBuilder {
@@ -112,7 +114,16 @@ impl EnvoyBuilder {
             rls_addr,
             failure_mode_deny: false,
             descriptors: Vec::new(),
+            access_log: None,
         }
+    }
+
+    /// Writes an access log line of `format` (Envoy's format string, a newline added) for
+    /// every request to the edge listener; [`Envoy::access_log`] reads them.
+    pub fn access_log(mut self, format: &str) -> Self {
+        let file = tempfile::NamedTempFile::new().expect("create the access log file");
+        self.access_log = Some((format!("{format}\n"), std::sync::Arc::new(file)));
+        self
     }
 
     /// Adds a `rate_limits` entry: one descriptor made of these actions' entries, in order.
@@ -156,7 +167,7 @@ static_resources:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: edge
           use_remote_address: true
-          route_config:
+{access_log}          route_config:
             name: edge
             virtual_hosts:
             - name: edge
@@ -239,12 +250,38 @@ static_resources:
             failure_mode_deny = self.failure_mode_deny,
             rls_ip = self.rls_addr.ip(),
             rls_port = self.rls_addr.port(),
+            access_log = self.access_log_yaml(),
+        )
+    }
+
+    fn access_log_yaml(&self) -> String {
+        let Some((format, file)) = &self.access_log else {
+            return String::new();
+        };
+        format!(
+            r#"          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {path}
+              log_format:
+                text_format_source: {{inline_string: {format}}}
+"#,
+            path = quote(&file.path().display().to_string()),
+            format = quote(format).replace('\n', "\\n"),
         )
     }
 
     /// Starts Envoy with this bootstrap and waits until its admin `/ready` answers `LIVE`.
-    pub fn start(self) -> Envoy {
-        Envoy::start_with(|admin, edge, upstream| self.bootstrap(admin, edge, upstream))
+    pub fn start(mut self) -> Envoy {
+        let access_log = self
+            .access_log
+            .as_ref()
+            .map(|(_, file)| file.path().to_owned());
+        let mut envoy =
+            Envoy::start_with(|admin, edge, upstream| self.bootstrap(admin, edge, upstream));
+        envoy.access_log = access_log.zip(self.access_log.take().map(|(_, file)| file));
+        envoy
     }
 }
 
@@ -259,6 +296,8 @@ pub struct Envoy {
     agent: ureq::Agent,
     /// Keeps the bootstrap and logs alive as long as the process.
     _dir: Option<TempDir>,
+    /// The access log, when the bootstrap has one, and the file that keeps it.
+    access_log: Option<(PathBuf, std::sync::Arc<tempfile::NamedTempFile>)>,
 }
 
 impl Envoy {
@@ -287,6 +326,7 @@ impl Envoy {
                 bootstrap_path,
                 agent: agent(),
                 _dir: None,
+                access_log: None,
             };
             envoy.spawn();
             match envoy.wait_live() {
@@ -315,6 +355,15 @@ impl Envoy {
             headers,
             None,
         )
+    }
+
+    /// The access log lines Envoy has written so far (it flushes them about once a second).
+    pub fn access_log(&self) -> Vec<String> {
+        self.access_log
+            .as_ref()
+            .and_then(|(path, _)| std::fs::read_to_string(path).ok())
+            .map(|text| text.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
     }
 
     /// Everything Envoy has logged so far.

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tollgate::backend::{AnyBackend, MemoryBackend, Sharded};
 use tollgate::clock::ManualClock;
 use tollgate::config::{Config, FileSource};
-use tollgate::limiter::{Limiter, Settings};
+use tollgate::limiter::{LimitHeaders, Limiter, Settings};
 use tollgate::server::runtime::{self, Wakeups};
 use tollgate::server::{Listeners, ServeError, ServeOptions, serve};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -44,6 +44,7 @@ pub struct InProcessBuilder {
     clock: Option<ManualClock>,
     key_prefix: Option<String>,
     settings: Settings,
+    limit_headers: Option<LimitHeaders>,
     backend_timeout: Duration,
     reload_interval: Duration,
     drain_timeout: Duration,
@@ -60,6 +61,7 @@ impl Default for InProcessBuilder {
             clock: None,
             key_prefix: None,
             settings: Settings::default(),
+            limit_headers: None,
             // Generous: a loaded machine must not turn decisions into failure-mode answers.
             backend_timeout: CALL_TIMEOUT,
             reload_interval: Duration::from_secs(1),
@@ -99,6 +101,13 @@ impl InProcessBuilder {
     /// `--failure-mode`, `--shadow-mode`, `--retry-after-header`.
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// Adds the draft RateLimit headers to every response (`LIMIT_RESPONSE_HEADERS_ENABLED`),
+    /// under their default names.
+    pub fn limit_headers(mut self) -> Self {
+        self.limit_headers = Some(LimitHeaders::default());
         self
     }
 
@@ -182,7 +191,10 @@ impl InProcessBuilder {
                 }
                 None => self.store.connect(&prefix, self.backend_timeout).await,
             };
-            let limiter = Limiter::new(Arc::new(config), Sharded::new(backend), self.settings);
+            let mut limiter = Limiter::new(Arc::new(config), Sharded::new(backend), self.settings);
+            if let Some(names) = self.limit_headers {
+                limiter = limiter.with_limit_headers(names);
+            }
             let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
             let listeners = Listeners::bind(loopback, loopback)
                 .await

@@ -431,3 +431,61 @@ descriptors:
         "admitted {admitted} of a limit of 8"
     );
 }
+
+/// Several limits on one descriptor, through a real Envoy: the burst limit refuses the third
+/// request; the RateLimit headers describe it (not the sustained limit, which still has room),
+/// and Envoy's access log prints its name from the filter's dynamic metadata (`overLimit`).
+#[test]
+fn the_refusing_limit_is_named_in_the_headers_and_the_access_log() {
+    let tollgate = InProcess::builder()
+        .policy(
+            "edge.yaml",
+            "domain: edge
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: burst, unit: minute, requests_per_unit: 2}
+      - {name: sustained, unit: hour, requests_per_unit: 50}
+",
+        )
+        .settings(Settings {
+            response_dynamic_metadata: true,
+            ..Settings::default()
+        })
+        .limit_headers()
+        .start();
+    // The format docs/configuration.md shows.
+    let envoy = per_user_envoy(tollgate.grpc_addr())
+        .access_log("%RESPONSE_CODE% %DYNAMIC_METADATA(envoy.filters.http.ratelimit:overLimit)%")
+        .start();
+
+    let first = envoy.get("/", &user("erin"));
+    assert_eq!(first.status, 200, "{first:?}");
+    // Admitted: the limit with the least left, the burst limit.
+    assert_eq!(first.header("ratelimit-limit"), Some("2"), "{first:?}");
+    assert_eq!(header_number(&first, "ratelimit-remaining"), 1);
+    assert_eq!(envoy.get("/", &user("erin")).status, 200);
+    let refused = envoy.get("/", &user("erin"));
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.header("ratelimit-limit"), Some("2"), "{refused:?}");
+    assert_eq!(header_number(&refused, "ratelimit-remaining"), 0);
+    assert_eq!(
+        refused.header("x-ratelimit-limit"),
+        Some(r#"2, 2;w=60;name="burst""#)
+    );
+
+    let lines = tollgate_testkit::wait::until_some(
+        "Envoy to write three access log lines",
+        std::time::Duration::from_secs(20),
+        || {
+            let lines = envoy.access_log();
+            (lines.len() >= 3).then_some(lines)
+        },
+    );
+    assert_eq!(lines[0], "200 -", "{lines:?}");
+    assert_eq!(lines[1], "200 -", "{lines:?}");
+    assert_eq!(
+        lines[2], r#"429 [{"descriptorIndex":0,"name":"burst"}]"#,
+        "{lines:?}"
+    );
+}

@@ -936,7 +936,7 @@ async fn dynamic_metadata_only_when_asked_in_the_reference_shape(t: &Target) {
     ]);
     assert_eq!(decision.dynamic_metadata, Some(expected(both)));
     // meta_a's only unit is taken: it is over, so only meta_b's metadata is merged, and the
-    // rejected request still carries metadata.
+    // rejected request still carries metadata, and says which limit refused.
     let decision = ask(&limiter, &request).await;
     assert_eq!(codes(&decision), [Code::OverLimit, Code::Ok, Code::Ok]);
     assert_eq!(decision.overall, Code::OverLimit);
@@ -944,5 +944,16 @@ async fn dynamic_metadata_only_when_asked_in_the_reference_shape(t: &Target) {
         ("service", map(vec![("name", s("b")), ("tier", s("gold"))])),
         ("team", s("search")),
     ]);
-    assert_eq!(decision.dynamic_metadata, Some(expected(only_b)));
+    // tollgate adds which limit refused: meta_a's, named by its full key as it has no name.
+    let MetaValue::Map(mut fields) = expected(only_b) else {
+        unreachable!("the expected metadata is a map");
+    };
+    fields.push((
+        "overLimit".into(),
+        MetaValue::List(vec![map(vec![
+            ("descriptorIndex", MetaValue::Number(0.0)),
+            ("name", s("conformance.meta_a")),
+        ])]),
+    ));
+    assert_eq!(decision.dynamic_metadata, Some(MetaValue::Map(fields)));
 }

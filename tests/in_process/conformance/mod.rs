@@ -24,7 +24,8 @@
 //! - [`lease`]: leased limits across instances: the invariant under concurrency, an instance
 //!   dying with a slice, a lowered limit, released hits;
 //! - [`cache`]: the local over-limit cache never refuses what the store would admit;
-//! - [`instances`]: the same across instances sharing a store, when others give charges back.
+//! - [`instances`]: the same across instances sharing a store, when others give charges back;
+//! - [`several`]: several limits on one descriptor (`rate_limits`), charged all or none.
 //!
 //! Cases marked `leased` also run with every limit leased on the Redis stores.
 //!
@@ -39,4 +40,5 @@ mod instances;
 mod lease;
 mod limiter;
 mod outages;
+mod several;
 mod support;
