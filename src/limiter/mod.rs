@@ -398,11 +398,11 @@ impl<B: Backend> Limiter<B> {
                 if let Some(meta) = matched.metadata {
                     metadata_sources.push((index, meta));
                 }
-                (
-                    Some(LimitRef::Config(matched.limit)),
-                    matched.counter_key,
-                    matched.metric_key,
-                )
+                // TODO(issue 54 merge): only the first limit of a `rate_limits` list is decided
+                // here; the limiter's rewrite decides them all together.
+                let limit = matched.limits.first().map(LimitRef::Config);
+                let key = matched.counter_keys.into_iter().next().unwrap_or_default();
+                (limit, key, matched.metric_key)
             } else {
                 (None, String::new(), None)
             };

@@ -199,6 +199,7 @@ fn descriptor(
             }
             None => None,
         },
+        rate_limits: None,
         descriptors: if node.descriptors.is_empty() {
             None
         } else {
@@ -437,7 +438,7 @@ mod tests {
         let foo = config.domain("foo").unwrap();
         assert_eq!(foo.file(), Path::new("foo"));
         let matched = foo.resolve(&entries(&[("j1", "v2")])).unwrap();
-        let shadow = matched.limit;
+        let shadow = &matched.limits[0];
         assert!(shadow.shadow_mode && shadow.quota_mode && shadow.detailed_metric);
         assert_eq!(
             (shadow.unit, shadow.requests_per_unit),
@@ -451,15 +452,15 @@ mod tests {
             ]))
         );
         let unlimited = foo.resolve(&entries(&[("k1", "v1"), ("k2", "x")])).unwrap();
-        assert!(unlimited.limit.unlimited);
+        assert!(unlimited.limits[0].unlimited);
         let week = foo
             .resolve(&entries(&[("k1", "v1"), ("k2", "x"), ("k3", "v3")]))
             .unwrap();
-        assert_eq!(week.limit.unit, Some(Unit::Week));
+        assert_eq!(week.limits[0].unit, Some(Unit::Week));
         let named = foo.resolve(&entries(&[("k1", "v1")])).unwrap();
-        assert_eq!(named.limit.name.as_deref(), Some("per_k1"));
+        assert_eq!(named.limits[0].name.as_deref(), Some("per_k1"));
         let replacing = foo.resolve(&entries(&[("k4", "any")])).unwrap();
-        assert_eq!(replacing.limit.replaces, vec!["per_k1".to_string()]);
+        assert_eq!(replacing.limits[0].replaces, vec!["per_k1".to_string()]);
         assert_eq!(
             config.domain("bar").unwrap().limits()[0].unit,
             Some(Unit::Month)
@@ -611,14 +612,17 @@ mod tests {
         )])
         .unwrap();
         let domain = config.domain("edge").unwrap();
-        let tenant = domain.resolve(&entries(&[("tenant", "t1")])).unwrap().limit;
+        let tenant = &domain
+            .resolve(&entries(&[("tenant", "t1")]))
+            .unwrap()
+            .limits[0];
         assert_eq!(tenant.algorithm, Algorithm::SlidingWindowLog);
         assert_eq!((tenant.window_ms, tenant.unit), (90_000, None));
         assert_eq!(tenant.shards, 4);
         assert!(tenant.lease, "the extension's lease reaches the limit");
         assert_eq!(tenant.failure_mode, Some(crate::config::FailureMode::Deny));
         assert_eq!(tenant.counting, Some(crate::window::Counting::All));
-        let user = domain.resolve(&entries(&[("user", "u")])).unwrap().limit;
+        let user = &domain.resolve(&entries(&[("user", "u")])).unwrap().limits[0];
         assert_eq!(user.algorithm, Algorithm::SlidingWindowCounter);
 
         let defaults = ExtensionDefaults {
