@@ -83,7 +83,20 @@ pub(crate) fn assemble(
     entries: &[Entry],
     suffix: &str,
 ) -> String {
-    let mut length = domain.len() + suffix.len();
+    let mut key = assemble_base(domain, levels, entries, suffix.len());
+    key.push_str(suffix);
+    key
+}
+
+/// What [`assemble`] builds before the suffix: the part of the identity every limit of one
+/// descriptor shares, with room for `suffix_len` more bytes.
+pub(crate) fn assemble_base(
+    domain: &str,
+    levels: &[(&str, bool)],
+    entries: &[Entry],
+    suffix_len: usize,
+) -> String {
+    let mut length = domain.len() + suffix_len;
     for ((part, with_value), entry) in levels.iter().zip(entries) {
         length += part.len() + if *with_value { entry.value.len() } else { 0 };
     }
@@ -95,7 +108,6 @@ pub(crate) fn assemble(
             escape_into(&mut key, &entry.value);
         }
     }
-    key.push_str(suffix);
     key
 }
 

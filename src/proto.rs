@@ -466,6 +466,12 @@ mod tests {
         ("tollgate.config.v1.LimitExtension", "failure_mode", 4),
         ("tollgate.config.v1.LimitExtension", "counting", 5),
         ("tollgate.config.v1.LimitExtension", "lease", 6),
+        ("tollgate.config.v1.LimitExtension", "rate_limits", 7),
+        ("tollgate.config.v1.FurtherLimit", "unit", 1),
+        ("tollgate.config.v1.FurtherLimit", "requests_per_unit", 2),
+        ("tollgate.config.v1.FurtherLimit", "name", 3),
+        ("tollgate.config.v1.FurtherLimit", "replaces", 4),
+        ("tollgate.config.v1.FurtherLimit", "tollgate", 5),
     ];
 
     #[test]

@@ -129,8 +129,8 @@ fn resolve(c: &mut Criterion) {
                         domain.name(),
                         request,
                         &matched.shared,
-                        matched.limit.algorithm,
-                        matched.limit.window_ms,
+                        matched.limits[0].algorithm,
+                        matched.limits[0].window_ms,
                     )
                 })
             })

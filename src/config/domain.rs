@@ -21,7 +21,8 @@ pub struct Domain {
     key_part: Box<str>,
     file: PathBuf,
     tree: Level,
-    /// This domain's limits, sorted by `full_key`.
+    /// This domain's limits (each of a `rate_limits` list too), sorted by `series_key`, then
+    /// window.
     limits: Vec<Arc<Limit>>,
 }
 
@@ -34,7 +35,7 @@ impl Domain {
         tree: Level,
         mut limits: Vec<Arc<Limit>>,
     ) -> Self {
-        limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
+        limits.sort_by(Limit::listing_order);
         Domain {
             key_part: counter_key::domain_part(&name),
             name,
@@ -67,19 +68,21 @@ impl Domain {
             }
         }
         self.limits.extend(limits);
-        self.limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
+        self.limits.sort_by(Limit::listing_order);
     }
 
-    /// This domain's limits, sorted by `full_key`.
+    /// This domain's limits (each of a `rate_limits` list too), sorted by `series_key`, then
+    /// window.
     pub fn limits(&self) -> &[Arc<Limit>] {
         &self.limits
     }
 
-    /// The limit that applies to a request descriptor, as envoyproxy/ratelimit decides it: per
-    /// level an exact `key`/`value` node wins over a wildcard value (first in config order),
-    /// which wins over a key-only node; the descriptor must end exactly at a node that has a
-    /// limit; there is no backtracking. `None` when nothing matches or the node is an allow-list
-    /// entry (no `rate_limit`).
+    /// The limits that apply to a request descriptor (the node's `rate_limit`, or every entry of
+    /// its `rate_limits`), as envoyproxy/ratelimit decides which node applies: per level an
+    /// exact `key`/`value` node wins over a wildcard value (first in config order), which wins
+    /// over a key-only node; the descriptor must end exactly at a node that has a limit; there
+    /// is no backtracking. `None` when nothing matches or the node is an allow-list entry (no
+    /// limit).
     pub fn resolve<'a>(&'a self, entries: &[Entry]) -> Option<Matched<'a>> {
         let mut level = &self.tree;
         let last = entries.len().checked_sub(1)?;
@@ -130,15 +133,18 @@ impl Domain {
                 marks.push((index, Mark::ValueToMetric));
             }
             if index == last {
-                return node.limit.as_ref().map(|limit| Matched {
-                    metric_key: metric_key(&self.name, entries, limit, &marks, key_only),
-                    // An unlimited limit is never charged, so it needs no counter.
-                    counter_key: if limit.unlimited {
-                        String::new()
-                    } else {
-                        counter_key::assemble(&self.key_part, &key_parts, entries, &node.key_suffix)
-                    },
-                    limit,
+                let first = node.limits.first()?;
+                return Some(Matched {
+                    // The node's flags and `full_key` are the same on each of its limits.
+                    metric_key: metric_key(&self.name, entries, first, &marks, key_only),
+                    counter_keys: counter_keys(
+                        &self.key_part,
+                        &key_parts,
+                        entries,
+                        &node.limits,
+                        &node.key_suffixes,
+                    ),
+                    limits: &node.limits,
                     shared,
                     metadata: node.metadata.as_ref(),
                 });
@@ -151,6 +157,41 @@ impl Domain {
         }
         None
     }
+}
+
+/// One counter identity per limit of a node: the descriptor's part (`domain` and `levels`, built
+/// once) then each limit's suffix. An unlimited limit is never charged: its identity is empty.
+fn counter_keys(
+    domain: &str,
+    levels: &[(&str, bool)],
+    entries: &[Entry],
+    limits: &[Arc<Limit>],
+    suffixes: &[Box<str>],
+) -> SmallVec<[String; 1]> {
+    if let ([limit], [suffix]) = (limits, suffixes) {
+        let key = if limit.unlimited {
+            String::new()
+        } else {
+            counter_key::assemble(domain, levels, entries, suffix)
+        };
+        return SmallVec::from_buf([key]);
+    }
+    // A `rate_limits` list: no entry is unlimited (the rules refuse it).
+    let longest = suffixes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let base = counter_key::assemble_base(domain, levels, entries, longest);
+    let mut keys = SmallVec::with_capacity(suffixes.len());
+    if let Some((last, rest)) = suffixes.split_last() {
+        for suffix in rest {
+            let mut key = String::with_capacity(base.len() + suffix.len());
+            key.push_str(&base);
+            key.push_str(suffix);
+            keys.push(key);
+        }
+        let mut key = base;
+        key.push_str(last);
+        keys.push(key);
+    }
+    keys
 }
 
 /// How one level of a request matched, where that matters to the metric key.
@@ -322,8 +363,9 @@ impl KeyNodes {
 /// One descriptor node.
 #[derive(Debug)]
 pub(super) struct TreeNode {
-    /// Its `rate_limit`; `None` for an allow-list entry or a parent without a limit of its own.
-    pub limit: Option<Arc<Limit>>,
+    /// Its `rate_limit`, or each of its `rate_limits` in declaration order; empty for an
+    /// allow-list entry or a parent without a limit of its own.
+    pub limits: Vec<Arc<Limit>>,
     /// Its `metadata`, if any and not empty.
     pub metadata: Option<MetaValue>,
     /// Whether the values its wildcard matches share one counter.
@@ -331,8 +373,9 @@ pub(super) struct TreeNode {
     /// With `share_threshold`, the level's piece of a counter identity when the wildcard
     /// matched (`|key~pattern`), which stands for the request's value; else empty.
     pub shared_key_part: Box<str>,
-    /// The last piece of its limit's counter identities (`@c60000`); empty without a limit.
-    pub key_suffix: Box<str>,
+    /// The last piece of each of its limits' counter identities (`@c60000`), one per limit in
+    /// the order of `limits`.
+    pub key_suffixes: Vec<Box<str>>,
     /// Whether the request's value stands in metric keys instead of the config's.
     pub value_to_metric: bool,
     /// The level below it.

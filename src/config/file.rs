@@ -348,6 +348,10 @@ fn descriptor(item: &Node) -> Read<DescriptorNode<Pos>> {
             .get("rate_limit")
             .map(|f| given(f, rate_limit))
             .transpose()?,
+        rate_limits: fields
+            .get("rate_limits")
+            .map(|f| given(f, rate_limits))
+            .transpose()?,
         metadata: fields.get("metadata").map(metadata).transpose()?,
         descriptors: fields
             .get("descriptors")
@@ -368,7 +372,45 @@ fn rate_limit(field: Field<'_>) -> Read<RateLimitNode<Pos>> {
             ),
         ));
     }
-    let fields = fields(field.value, Place::RateLimit)?;
+    limit_fields(field.value, Place::RateLimit)
+}
+
+/// A `rate_limits` list of `rate_limit` mappings, each located at its item.
+fn rate_limits(field: Field<'_>) -> Read<Vec<Given<RateLimitNode<Pos>, Pos>>> {
+    let Value::Seq(items) = &field.value.value else {
+        return Err(Finding::new(
+            field.value.pos,
+            format!(
+                "`rate_limits` must be a list of limits such as `- {{unit: second, \
+                 requests_per_unit: 10}}`, found {}",
+                field.value.describe()
+            ),
+        ));
+    };
+    let mut limits = Vec::with_capacity(items.len());
+    for item in items {
+        if !matches!(item.value, Value::Map(_)) {
+            return Err(Finding::new(
+                item.pos,
+                format!(
+                    "each item of `rate_limits` must be a mapping such as `- {{unit: second, \
+                     requests_per_unit: 10}}`, found {}",
+                    item.describe()
+                ),
+            ));
+        }
+        limits.push(Given {
+            value: limit_fields(item, Place::RateLimits)?,
+            key_at: item.pos,
+            at: item.pos,
+        });
+    }
+    Ok(limits)
+}
+
+/// The keys of one limit's mapping, `node`, at `place` (`rate_limit` or a `rate_limits` item).
+fn limit_fields(node: &Node, place: Place) -> Read<RateLimitNode<Pos>> {
+    let fields = fields(node, place)?;
     let optional_text = |name: &str| -> Read<Option<Given<String, Pos>>> {
         fields.get(name).map(|f| given(f, text)).transpose()
     };

@@ -1,6 +1,6 @@
-//! Policies: the envoyproxy/ratelimit YAML format (plus tollgate's `rate_limit` extensions),
-//! loaded into an immutable [`Config`] snapshot that answers "which limit applies to this
-//! descriptor?" ([`Domain::resolve`]).
+//! Policies: the envoyproxy/ratelimit YAML format (plus tollgate's `rate_limit` extensions and
+//! `rate_limits`, several limits on one descriptor), loaded into an immutable [`Config`] snapshot
+//! that answers "which limits apply to this descriptor?" ([`Domain::resolve`]).
 //!
 //! Every source yields the same snapshot through one set of rules:
 //!
@@ -93,7 +93,8 @@ impl FailureMode {
     }
 }
 
-/// One resolved `rate_limit`, with the flags of the descriptor node that declares it.
+/// One resolved `rate_limit` (or one entry of a `rate_limits` list), with the flags of the
+/// descriptor node that declares it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     /// The reference's key: domain and the path of `key_value` / `key` nodes joined with `.`,
@@ -135,10 +136,12 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// Declared in a `rate_limits` list: decided together with the other limits of its
     /// descriptor (all charged or none), and its store keys share the descriptor's hash tag.
+    /// false for `rate_limit` and descriptor overrides ([`Limit::plain`]).
     pub joint: bool,
     /// The key the statistics count this limit under (before request-built keys): `full_key`
-    /// for a descriptor's only limit; for one of a `rate_limits` list, `full_key`, `.` and its
-    /// name, or its 1-based position in the list when it has none (`edge.user.burst`).
+    /// for a descriptor's only limit; for one of a `rate_limits` list, `full_key` then `.` and
+    /// its name, or its 1-based position in the list when it has no name (`edge.user.burst`,
+    /// `edge.user.2`).
     pub series_key: String,
     /// What the statistics keep for this limit, made at its first decision.
     pub attached: Attached,
@@ -169,6 +172,14 @@ impl Limit {
             replaces: Vec::new(),
             attached: Attached::default(),
         }
+    }
+
+    /// The order limits are listed in ([`Config::limits`], [`Config::table`]): by `series_key`,
+    /// then window.
+    pub(crate) fn listing_order(a: &Arc<Limit>, b: &Arc<Limit>) -> std::cmp::Ordering {
+        a.series_key
+            .cmp(&b.series_key)
+            .then(a.window_ms.cmp(&b.window_ms))
     }
 }
 
@@ -228,19 +239,20 @@ pub enum MetaValue {
 /// The result of matching one request descriptor against a domain.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matched<'a> {
-    /// The limit that applies.
-    pub limit: &'a Arc<Limit>,
+    /// The limits that apply, in declaration order (one for `rate_limit`).
+    pub limits: &'a [Arc<Limit>],
     /// Levels (entry indexes) matched by a `share_threshold` wildcard, with that wildcard's pattern:
     /// the counter is keyed by the pattern there instead of the request's value.
     pub shared: SmallVec<[(usize, &'a str); 2]>,
     /// The matched node's `metadata`, if any.
     pub metadata: Option<&'a MetaValue>,
-    /// The identity of the counter this match charges (what
-    /// [`limiter_key`](crate::counter_key::limiter_key) builds for it); empty for an unlimited limit,
-    /// which is never charged.
-    pub counter_key: String,
+    /// One counter identity per limit, same order: what
+    /// [`limiter_key`](crate::counter_key::limiter_key) builds for it. An unlimited limit, which is
+    /// never charged, has an empty identity.
+    pub counter_keys: SmallVec<[String; 1]>,
     /// The key envoyproxy/ratelimit counts this match's statistics under, when it is built from
-    /// the request (`detailed_metric`, `value_to_metric`); `None` means the limit's `full_key`.
+    /// the request (`detailed_metric`, `value_to_metric`), for the descriptor as a whole; `None`
+    /// means the limits' key.
     pub metric_key: Option<String>,
 }
 
@@ -251,7 +263,8 @@ pub struct Matched<'a> {
 #[derive(Debug, Default)]
 pub struct Config {
     domains: LookupMap<String, Domain>,
-    /// Every limit of every domain, sorted by `full_key`.
+    /// Every limit of every domain (each of a `rate_limits` list too), sorted by `series_key`,
+    /// then window.
     limits: Vec<Arc<Limit>>,
     warnings: Vec<String>,
     /// Entries of a config directory that were not read (not `*.yaml` / `*.yml`).
@@ -304,7 +317,8 @@ impl Config {
         self.domains.is_empty()
     }
 
-    /// Every limit of every domain, sorted by `full_key`.
+    /// Every limit of every domain (each of a `rate_limits` list too), sorted by `series_key`,
+    /// then window.
     pub fn limits(&self) -> Vec<&Arc<Limit>> {
         self.limits.iter().collect()
     }
@@ -333,7 +347,8 @@ impl Config {
     }
 
     /// The policy table printed by `tollgate check` and served at `/rlconfig`: one line per
-    /// limit with its full key, algorithm, limit, window and flags, in aligned columns.
+    /// limit (each of a `rate_limits` list on its own line) with its series key, algorithm,
+    /// limit, window and flags, in aligned columns.
     pub fn table(&self) -> String {
         let rows: Vec<[String; 5]> = self.limits.iter().map(|limit| table_row(limit)).collect();
         let mut widths = [0; 4];
@@ -363,6 +378,9 @@ fn table_row(limit: &Limit) -> [String; 5] {
     let mut flags = Vec::new();
     if limit.unlimited {
         flags.push("unlimited".to_string());
+    }
+    if limit.joint {
+        flags.push("joint".to_string());
     }
     if limit.shadow_mode {
         flags.push("shadow".to_string());
@@ -401,7 +419,7 @@ fn table_row(limit: &Limit) -> [String; 5] {
     };
     if limit.unlimited {
         return [
-            limit.full_key.clone(),
+            limit.series_key.clone(),
             "-".to_string(),
             "-".to_string(),
             "-".to_string(),
@@ -413,7 +431,7 @@ fn table_row(limit: &Limit) -> [String; 5] {
         None => compact_duration(limit.window_ms / 1000),
     };
     [
-        limit.full_key.clone(),
+        limit.series_key.clone(),
         limit.algorithm.as_str().to_string(),
         limit.requests_per_unit.to_string(),
         window,

@@ -184,7 +184,7 @@ impl<L: Location> Snapshot<L> {
             .values()
             .flat_map(|d| d.limits().iter().cloned())
             .collect();
-        limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
+        limits.sort_by(super::Limit::listing_order);
         Ok(Config {
             domains,
             limits,
@@ -356,13 +356,8 @@ impl<'p, L: Location> Checker<'p, L> {
                 Some(share) => share.value,
                 None => false,
             };
-            let limit = match &node.rate_limit {
-                Some(rate_limit) => Some(Arc::new(self.rate_limit(rate_limit, &full_key, node)?)),
-                None => None,
-            };
-            if let Some(limit) = &limit {
-                self.limits.push(Arc::clone(limit));
-            }
+            let limits = self.limits(node, &full_key)?;
+            self.limits.extend(limits.iter().cloned());
             // An empty mapping is no metadata, as in envoyproxy/ratelimit.
             let metadata = node
                 .metadata
@@ -376,10 +371,10 @@ impl<'p, L: Location> Checker<'p, L> {
                 (Some(pattern), true) => counter_key::level_part(key, Some(pattern.as_str())),
                 _ => Box::default(),
             };
-            let key_suffix = match &limit {
-                Some(limit) => counter_key::suffix(limit.algorithm, limit.window_ms),
-                None => Box::default(),
-            };
+            let key_suffixes = limits
+                .iter()
+                .map(|limit| counter_key::suffix(limit.algorithm, limit.window_ms))
+                .collect();
             level
                 .entry(key.to_string())
                 .or_insert_with(|| KeyNodes::new(key))
@@ -387,11 +382,11 @@ impl<'p, L: Location> Checker<'p, L> {
                     value,
                     pattern,
                     TreeNode {
-                        limit,
+                        limits,
                         metadata,
                         share_threshold,
                         shared_key_part,
-                        key_suffix,
+                        key_suffixes,
                         value_to_metric: node.value_to_metric,
                         children,
                     },
@@ -400,14 +395,106 @@ impl<'p, L: Location> Checker<'p, L> {
         Ok(())
     }
 
-    /// The limit a `rate_limit` declares, carrying the flags of its descriptor `node`.
+    /// The limits descriptor `node` declares, in declaration order: its `rate_limit`, or each
+    /// of its `rate_limits`; none for an allow-list entry or a parent.
+    fn limits(
+        &mut self,
+        node: &'p DescriptorNode<L>,
+        full_key: &str,
+    ) -> Result<Vec<Arc<Limit>>, Finding<L>> {
+        let list = match (&node.rate_limit, &node.rate_limits) {
+            (None, None) => return Ok(Vec::new()),
+            (Some(rate_limit), None) => {
+                let limit = self.rate_limit(rate_limit, full_key, node, None)?;
+                return Ok(vec![Arc::new(limit)]);
+            }
+            (Some(_), Some(list)) => {
+                return Err(Finding::new(
+                    list.key_at.clone(),
+                    format!(
+                        "`{full_key}` has both `rate_limit` and `rate_limits`; give one: move \
+                         the `rate_limit` into the `rate_limits` list"
+                    ),
+                ));
+            }
+            (None, Some(list)) => list,
+        };
+        if list.value.is_empty() {
+            return Err(Finding::new(
+                list.at.clone(),
+                format!(
+                    "`rate_limits` of `{full_key}` is empty; list at least one limit such as \
+                     `- {{unit: second, requests_per_unit: 10}}`, or remove `rate_limits` to \
+                     allow every request"
+                ),
+            ));
+        }
+        let mut limits: Vec<(Arc<Limit>, &L)> = Vec::with_capacity(list.value.len());
+        for (index, entry) in list.value.iter().enumerate() {
+            if entry.value.unlimited {
+                return Err(Finding::new(
+                    entry.at.clone(),
+                    format!(
+                        "a `rate_limits` entry cannot be `unlimited: true`: the other limits of \
+                         `{full_key}` would still limit it; to never limit the descriptor, write \
+                         `rate_limit: {{unlimited: true}}` instead of `rate_limits`"
+                    ),
+                ));
+            }
+            let limit = self.rate_limit(entry, full_key, node, Some(index))?;
+            for (other, other_at) in &limits {
+                if limit.name.is_some() && other.name == limit.name {
+                    return Err(Finding::new(
+                        entry.at.clone(),
+                        format!(
+                            "two limits of `{full_key}` are named `{}` (the first at {}); give \
+                             each limit of `rate_limits` its own name",
+                            limit.name.as_deref().unwrap_or(""),
+                            other_at.describe()
+                        ),
+                    ));
+                }
+                if other.algorithm == limit.algorithm && other.window_ms == limit.window_ms {
+                    return Err(Finding::new(
+                        entry.at.clone(),
+                        format!(
+                            "this limit of `{full_key}` has the same algorithm ({}) and window \
+                             ({}) as the one at {}, so the two would share one counter; give \
+                             them different windows (or algorithms), or keep only the lower \
+                             limit",
+                            limit.algorithm.as_str(),
+                            window_text(&limit),
+                            other_at.describe()
+                        ),
+                    ));
+                }
+            }
+            limits.push((Arc::new(limit), &entry.at));
+        }
+        Ok(limits.into_iter().map(|(limit, _)| limit).collect())
+    }
+
+    /// The limit a `rate_limit` (or item `position` of a `rate_limits` list) declares, carrying
+    /// the flags of its descriptor `node`.
     fn rate_limit(
         &mut self,
         rate_limit: &'p Given<RateLimitNode<L>, L>,
         full_key: &str,
         node: &DescriptorNode<L>,
+        position: Option<usize>,
     ) -> Result<Limit, Finding<L>> {
         let fields = &rate_limit.value;
+        let name = fields.name.as_deref().filter(|n| !n.is_empty());
+        let series_key = match (position, name) {
+            (None, _) => full_key.to_string(),
+            (Some(_), Some(name)) => format!("{full_key}.{name}"),
+            (Some(index), None) => format!("{full_key}.{}", index + 1),
+        };
+        let what = if position.is_some() {
+            "a `rate_limits` entry"
+        } else {
+            "`rate_limit`"
+        };
         let unlimited = fields.unlimited;
         let unit = match &fields.unit {
             Some(unit) if !unit.value.is_empty() => Some((
@@ -429,7 +516,6 @@ impl<'p, L: Location> Checker<'p, L> {
             Some(window) => Some((window, parse_window(window)?)),
             None => None,
         };
-        let name = fields.name.as_deref().filter(|n| !n.is_empty());
         let replaces = self.replaces(&fields.replaces, name)?;
         let algorithm = match &fields.algorithm {
             Some(algorithm) => Algorithm::parse(&algorithm.value).ok_or_else(|| {
@@ -492,10 +578,17 @@ impl<'p, L: Location> Checker<'p, L> {
                 (Some((_, unit)), None) => (Some(unit), unit.millis()),
                 (None, Some((_, window_ms))) => (Unit::from_millis(window_ms), window_ms),
                 (None, None) => {
+                    let or_unlimited = if position.is_some() {
+                        ""
+                    } else {
+                        ", or `unlimited: true`"
+                    };
                     return Err(Finding::new(
                         rate_limit.key_at.clone(),
-                        "`rate_limit` needs a `unit` (second, minute, hour, day, week, month, \
-                         year) or a `window` (e.g. `window: 90s`), or `unlimited: true`",
+                        format!(
+                            "{what} needs a `unit` (second, minute, hour, day, week, month, \
+                             year) or a `window` (e.g. `window: 90s`){or_unlimited}"
+                        ),
                     ));
                 }
             };
@@ -505,7 +598,7 @@ impl<'p, L: Location> Checker<'p, L> {
                     self.warnings.push(Finding::new(
                         rate_limit.key_at.clone(),
                         format!(
-                            "`{full_key}` has no requests_per_unit, so it admits nothing; write \
+                            "`{series_key}` has no requests_per_unit, so it admits nothing; write \
                              `requests_per_unit: 0` if that is meant"
                         ),
                     ));
@@ -523,7 +616,7 @@ impl<'p, L: Location> Checker<'p, L> {
                     self.warnings.push(Finding::new(
                         shards.at.clone(),
                         format!(
-                            "`{full_key}` splits {requests_per_unit} hits over {n} shards, \
+                            "`{series_key}` splits {requests_per_unit} hits over {n} shards, \
                              {per_shard} per shard; with fewer than {MIN_HITS_PER_SHARD} per \
                              shard the limit gets uneven: lower `shards`"
                         ),
@@ -535,8 +628,6 @@ impl<'p, L: Location> Checker<'p, L> {
         };
 
         Ok(Limit {
-            series_key: full_key.to_string(),
-            joint: false,
             full_key: full_key.to_string(),
             name: name.map(str::to_string),
             requests_per_unit,
@@ -553,6 +644,8 @@ impl<'p, L: Location> Checker<'p, L> {
             detailed_metric: node.detailed_metric,
             value_to_metric: node.value_to_metric,
             replaces,
+            joint: position.is_some(),
+            series_key,
             attached: Attached::default(),
         })
     }
@@ -585,6 +678,14 @@ impl<'p, L: Location> Checker<'p, L> {
             names.push(name.to_string());
         }
         Ok(names)
+    }
+}
+
+/// A limit's window as messages write it: its unit, or a compact duration (`90s`).
+fn window_text(limit: &Limit) -> String {
+    match limit.unit {
+        Some(unit) => unit.as_str().to_string(),
+        None => super::compact_duration(limit.window_ms / 1000),
     }
 }
 
@@ -669,6 +770,7 @@ mod tests {
             key: Some(given(key.to_string(), path)),
             value: value.to_string(),
             rate_limit: Some(given(rate_limit, path)),
+            rate_limits: None,
             descriptors: None,
             shadow_mode: false,
             quota_mode: false,
@@ -696,9 +798,12 @@ mod tests {
         let domain = config.domain("edge").unwrap();
         assert_eq!(domain.file(), Path::new("edge-resource"));
         let matched = domain.resolve(&[Entry::new("user", "alice")]).unwrap();
-        assert_eq!(matched.limit.full_key, "edge.user_alice");
+        assert_eq!(matched.limits[0].full_key, "edge.user_alice");
         assert_eq!(
-            (matched.limit.requests_per_unit, matched.limit.window_ms),
+            (
+                matched.limits[0].requests_per_unit,
+                matched.limits[0].window_ms
+            ),
             (5, 60_000)
         );
 

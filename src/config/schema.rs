@@ -30,6 +30,9 @@ pub(super) struct Given<T, L> {
     pub at: L,
 }
 
+/// A `rate_limits` list: each item a [`RateLimitNode`] located at the item.
+pub(super) type LimitList<L> = Given<Vec<Given<RateLimitNode<L>, L>>, L>;
+
 /// One policy: a domain and its descriptor tree (one file; one `RateLimitConfig` message).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Policy<L> {
@@ -54,6 +57,9 @@ pub(super) struct DescriptorNode<L> {
     pub value: String,
     /// `rate_limit` (a [`RateLimitNode`] mapping). `None` for an allow-list or parent node.
     pub rate_limit: Option<Given<RateLimitNode<L>, L>>,
+    /// `rate_limits` (a list of [`RateLimitNode`] mappings, each located at its item): several
+    /// limits decided together, instead of `rate_limit`. `None` when absent.
+    pub rate_limits: Option<LimitList<L>>,
     /// `descriptors` (list of nodes one level deeper). `None` when absent.
     pub descriptors: Option<Given<Vec<DescriptorNode<L>>, L>>,
     /// `shadow_mode` (bool): report over-limit as OK.
@@ -71,7 +77,7 @@ pub(super) struct DescriptorNode<L> {
     pub metadata: Option<MetaValue>,
 }
 
-/// A `rate_limit` mapping.
+/// A `rate_limit` mapping, or one item of a `rate_limits` list.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct RateLimitNode<L> {
     /// `unit` (string: second, minute, hour, day, week, month, year). `None` when absent.
@@ -116,17 +122,20 @@ pub(super) enum Place {
     Top,
     /// A [`DescriptorNode`].
     Descriptor,
-    /// A [`RateLimitNode`].
+    /// A [`RateLimitNode`] under `rate_limit`.
     RateLimit,
+    /// A [`RateLimitNode`] in a `rate_limits` list.
+    RateLimits,
     /// A [`ReplaceNode`].
     Replaces,
 }
 
 impl Place {
     /// Every place, in the order a misplaced key looks for its home.
-    pub const ALL: [Place; 4] = [
+    pub const ALL: [Place; 5] = [
         Place::Descriptor,
         Place::RateLimit,
+        Place::RateLimits,
         Place::Top,
         Place::Replaces,
     ];
@@ -139,6 +148,7 @@ impl Place {
                 "key",
                 "value",
                 "rate_limit",
+                "rate_limits",
                 "descriptors",
                 "shadow_mode",
                 "quota_mode",
@@ -147,7 +157,7 @@ impl Place {
                 "share_threshold",
                 "metadata",
             ],
-            Place::RateLimit => &[
+            Place::RateLimit | Place::RateLimits => &[
                 "unit",
                 "requests_per_unit",
                 "unlimited",
@@ -170,6 +180,7 @@ impl Place {
             Place::Top => "at the top level of the file",
             Place::Descriptor => "in a descriptor",
             Place::RateLimit => "in `rate_limit`",
+            Place::RateLimits => "in a `rate_limits` entry",
             Place::Replaces => "in a `replaces` entry",
         }
     }
@@ -180,6 +191,7 @@ impl Place {
             Place::Top => "at the top level of the file",
             Place::Descriptor => "in a descriptor (an item of `descriptors`)",
             Place::RateLimit => "inside `rate_limit`",
+            Place::RateLimits => "in a `rate_limits` entry",
             Place::Replaces => "in a `replaces` entry",
         }
     }

@@ -203,7 +203,7 @@ fn resolve_follows_the_reference() {
     ];
     for (request, expected) in cases {
         let matched = domain.resolve(&entries(request));
-        let got = matched.as_ref().map(|m| m.limit.full_key.as_str());
+        let got = matched.as_ref().map(|m| m.limits[0].full_key.as_str());
         assert_eq!(got, *expected, "request {request:?}");
     }
 }
@@ -218,7 +218,7 @@ fn assert_counter_keys(domain: &Domain, requests: &[&[(&str, &str)]]) -> usize {
             continue;
         };
         matched_any += 1;
-        let limit = matched.limit;
+        let limit = &matched.limits[0];
         let expected = if limit.unlimited {
             String::new()
         } else {
@@ -230,7 +230,7 @@ fn assert_counter_keys(domain: &Domain, requests: &[&[(&str, &str)]]) -> usize {
                 limit.window_ms,
             )
         };
-        assert_eq!(matched.counter_key, expected, "request {request:?}");
+        assert_eq!(matched.counter_keys[0], expected, "request {request:?}");
     }
     matched_any
 }
@@ -285,7 +285,7 @@ descriptors:
     assert_eq!(assert_counter_keys(domain, requests), 5);
     let shared = domain.resolve(&entries(&[("k=1|", "a%|x}")])).unwrap();
     assert_eq!(
-        shared.counter_key,
+        shared.counter_keys[0],
         "e%7Cd%7Bo%7D%3Dm|k%3D1%7C~a%25%7C*@l1000"
     );
 }
@@ -334,18 +334,18 @@ fn matched_limits_carry_their_settings() {
     let domain = config.domain("test").unwrap();
 
     let matched = domain.resolve(&entries(&[("key2", "value2")])).unwrap();
-    assert_eq!(matched.limit.requests_per_unit, 30);
-    assert_eq!(matched.limit.unit, Some(Unit::Minute));
-    assert_eq!(matched.limit.window_ms, 60_000);
+    assert_eq!(matched.limits[0].requests_per_unit, 30);
+    assert_eq!(matched.limits[0].unit, Some(Unit::Minute));
+    assert_eq!(matched.limits[0].window_ms, 60_000);
     assert_eq!(matched.metadata, None);
 
     let free = domain.resolve(&entries(&[("free", "x")])).unwrap();
-    assert!(free.limit.unlimited);
+    assert!(free.limits[0].unlimited);
     assert_eq!(
         (
-            free.limit.requests_per_unit,
-            free.limit.unit,
-            free.limit.window_ms
+            free.limits[0].requests_per_unit,
+            free.limits[0].unit,
+            free.limits[0].window_ms
         ),
         (0, None, 0)
     );
@@ -385,7 +385,7 @@ descriptors:
             .unwrap()
             .resolve(&[Entry::new(key, "v")])
             .unwrap()
-            .limit
+            .limits[0]
             .clone()
     };
     let a = limit("a");
@@ -568,7 +568,7 @@ fn metric_keys_follow_the_references_rules() {
         let matched = domain.resolve(&entries).expect("a limit");
         matched
             .metric_key
-            .unwrap_or_else(|| matched.limit.full_key.clone())
+            .unwrap_or_else(|| matched.limits[0].full_key.clone())
     };
     let cases: &[(&[(&str, &str)], &str)] = &[
         (
@@ -616,5 +616,245 @@ fn metric_keys_follow_the_references_rules() {
     ];
     for (entries, expected) in cases {
         assert_eq!(key(entries), *expected, "{entries:?}");
+    }
+}
+
+/// A descriptor with several limits, and a limit elsewhere that replaces one of them by name.
+const SEVERAL: &str = r#"
+domain: edge
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, name: burst}
+      - {unit: hour, requests_per_unit: 1000, name: sustained, algorithm: sliding_window_log}
+      - {window: 90s, requests_per_unit: 50, replaces: [{name: other}]}
+  - key: other
+    rate_limit: {unit: minute, requests_per_unit: 5, name: other, replaces: [{name: burst}]}
+"#;
+
+#[test]
+fn rate_limits_declare_several_limits_of_one_descriptor() {
+    let config = Config::from_yaml("several.yaml", SEVERAL).unwrap();
+    let domain = config.domain("edge").unwrap();
+    let request = entries(&[("user", "alice")]);
+    let matched = domain.resolve(&request).unwrap();
+    let summary: Vec<_> = matched
+        .limits
+        .iter()
+        .map(|l| {
+            (
+                l.series_key.as_str(),
+                l.name.as_deref(),
+                l.requests_per_unit,
+                l.window_ms,
+                l.algorithm,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "edge.user.burst",
+                Some("burst"),
+                10,
+                1000,
+                Algorithm::SlidingWindowCounter
+            ),
+            (
+                "edge.user.sustained",
+                Some("sustained"),
+                1000,
+                3_600_000,
+                Algorithm::SlidingWindowLog
+            ),
+            (
+                "edge.user.3",
+                None,
+                50,
+                90_000,
+                Algorithm::SlidingWindowCounter
+            ),
+        ]
+    );
+    for limit in matched.limits {
+        assert_eq!(limit.full_key, "edge.user");
+        assert!(limit.joint && limit.detailed_metric, "{limit:?}");
+    }
+    assert_eq!(matched.limits[2].replaces, ["other"]);
+
+    // One counter per limit, each the one `limiter_key` names, all after one descriptor part.
+    assert_eq!(matched.counter_keys.len(), 3);
+    for (limit, key) in matched.limits.iter().zip(&matched.counter_keys) {
+        let expected = limiter_key("edge", &request, &[], limit.algorithm, limit.window_ms);
+        assert_eq!(*key, expected);
+        assert!(key.starts_with("edge|user=alice@"), "{key}");
+    }
+    assert_eq!(
+        matched.counter_keys.as_slice(),
+        [
+            "edge|user=alice@c1000",
+            "edge|user=alice@l3600000",
+            "edge|user=alice@c90000"
+        ]
+    );
+    assert_eq!(matched.metric_key.as_deref(), Some("edge.user_alice"));
+
+    let other = domain.resolve(&entries(&[("other", "x")])).unwrap();
+    assert_eq!(other.limits.len(), 1);
+    assert!(!other.limits[0].joint);
+    assert_eq!(other.limits[0].series_key, "edge.other");
+    assert_eq!(other.counter_keys.as_slice(), ["edge|other=x@c60000"]);
+
+    let listed: Vec<&str> = config
+        .limits()
+        .iter()
+        .map(|l| l.series_key.as_str())
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            "edge.other",
+            "edge.user.3",
+            "edge.user.burst",
+            "edge.user.sustained"
+        ]
+    );
+    let table = config.table();
+    let table: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        table,
+        [
+            vec![
+                "edge.other",
+                "sliding_window_counter",
+                "5",
+                "minute",
+                "name=other",
+                "replaces=burst"
+            ],
+            vec![
+                "edge.user.3",
+                "sliding_window_counter",
+                "50",
+                "1m30s",
+                "joint",
+                "replaces=other",
+                "detailed_metric"
+            ],
+            vec![
+                "edge.user.burst",
+                "sliding_window_counter",
+                "10",
+                "second",
+                "joint",
+                "name=burst",
+                "detailed_metric"
+            ],
+            vec![
+                "edge.user.sustained",
+                "sliding_window_log",
+                "1000",
+                "hour",
+                "joint",
+                "name=sustained",
+                "detailed_metric"
+            ],
+        ]
+    );
+}
+
+/// The error loading a file `e.yaml` of domain `edge` whose descriptors are `descriptors`.
+fn several_error(descriptors: &str) -> String {
+    let text = format!("domain: edge\ndescriptors:\n{descriptors}");
+    Config::from_yaml("e.yaml", &text).unwrap_err().to_string()
+}
+
+#[test]
+fn rate_limits_errors_say_where_and_what_to_write() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n    \
+             rate_limits:\n      - {unit: hour, requests_per_unit: 10}\n",
+            "e.yaml:5:5: `edge.user` has both `rate_limit` and `rate_limits`; give one: move the \
+             `rate_limit` into the `rate_limits` list",
+        ),
+        (
+            "  - key: user\n    rate_limits: []\n",
+            "e.yaml:4:18: `rate_limits` of `edge.user` is empty; list at least one limit such as \
+             `- {unit: second, requests_per_unit: 10}`, or remove `rate_limits` to allow every \
+             request",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: hour, requests_per_unit: 10}\n      \
+             - {unlimited: true}\n",
+            "e.yaml:6:9: a `rate_limits` entry cannot be `unlimited: true`: the other limits of \
+             `edge.user` would still limit it; to never limit the descriptor, write \
+             `rate_limit: {unlimited: true}` instead of `rate_limits`",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - 5\n",
+            "e.yaml:5:9: each item of `rate_limits` must be a mapping such as `- {unit: second, \
+             requests_per_unit: 10}`, found the number `5`",
+        ),
+        (
+            "  - key: user\n    rate_limits: {unit: hour}\n",
+            "e.yaml:4:18: `rate_limits` must be a list of limits such as `- {unit: second, \
+             requests_per_unit: 10}`, found a mapping",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 10}\n      \
+             - {window: 60s, requests_per_unit: 20, name: wide}\n",
+            "e.yaml:6:9: this limit of `edge.user` has the same algorithm (sliding_window_counter) \
+             and window (minute) as the one at line 5, so the two would share one counter; give \
+             them different windows (or algorithms), or keep only the lower limit",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 10, \
+             name: a}\n      - {unit: hour, requests_per_unit: 20, name: a}\n",
+            "e.yaml:6:9: two limits of `edge.user` are named `a` (the first at line 5); give each \
+             limit of `rate_limits` its own name",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 10, \
+             nmae: a}\n",
+            "e.yaml:5:47: unknown key `nmae` in a `rate_limits` entry; did you mean `name`? \
+             (allowed: `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, \
+             `algorithm`, `window`, `shards`, `failure_mode`, `counting`, `lease`)",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 10}\n      \
+             - {unit: hour, window: 2h, requests_per_unit: 20}\n",
+            "e.yaml:6:22: give either `unit` or `window`, not both; remove one",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {requests_per_unit: 10}\n",
+            "e.yaml:5:9: a `rate_limits` entry needs a `unit` (second, minute, hour, day, week, \
+             month, year) or a `window` (e.g. `window: 90s`)",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 10, \
+             replaces: [{name: nobody}]}\n",
+            "e.yaml:5:58: `replaces` names `nobody`, but no limit in domain `edge` has `name: \
+             nobody`; fix the name or add it to the limit to replace",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 10, \
+             name: me, replaces: [{name: me}]}\n",
+            "e.yaml:5:68: a limit cannot replace itself: `me` is this limit's own `name`; name \
+             another limit",
+        ),
+        (
+            "  - key: user\n    rate_limits:\n      - {unit: fortnight, requests_per_unit: 10}\n",
+            "e.yaml:5:16: unknown unit `fortnight`; write second, minute, hour, day, week, month \
+             or year (or `window: 90s` for other lengths)",
+        ),
+    ];
+    for (descriptors, expected) in cases {
+        assert_eq!(several_error(descriptors), *expected, "{descriptors}");
     }
 }

@@ -427,11 +427,14 @@ impl<B: Backend> Limiter<B> {
                 if let Some(meta) = matched.metadata {
                     metadata_sources.push((index, meta));
                 }
-                found.push(Found {
-                    limit: LimitRef::Config(matched.limit),
-                    key: matched.counter_key,
-                    request_key: matched.metric_key,
-                });
+                let metric_key = matched.metric_key;
+                for (limit, key) in matched.limits.iter().zip(matched.counter_keys) {
+                    found.push(Found {
+                        limit: LimitRef::Config(limit),
+                        key,
+                        request_key: request_key(metric_key.as_deref(), limit),
+                    });
+                }
             }
             resolved.push(found);
         }
@@ -917,6 +920,17 @@ fn is_replaced(limit: &Limit, resolved: &[Resolved<'_>]) -> bool {
             .flatten()
             .any(|other| other.limit.arc().replaces.iter().any(|r| r == name))
     })
+}
+
+/// The statistics key a request builds for `limit` from its descriptor's (`metric_key`,
+/// from `detailed_metric` or `value_to_metric`): for one of several limits of a descriptor,
+/// with the limit's part of its series key after it, so each limit keeps a series of its own.
+fn request_key(metric_key: Option<&str>, limit: &Limit) -> Option<String> {
+    let key = metric_key?;
+    match limit.series_key.strip_prefix(limit.full_key.as_str()) {
+        Some(own) if limit.joint && !own.is_empty() => Some(format!("{key}{own}")),
+        _ => Some(key.to_string()),
+    }
 }
 
 /// The cost of one descriptor's hit: its own `hits_addend` (0 = check only), else the request's

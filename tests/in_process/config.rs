@@ -36,7 +36,7 @@ fn full_key(config: &Config, domain: &str, pairs: &[(&str, &str)]) -> Option<Str
         .domain(domain)
         .unwrap_or_else(|| panic!("no domain {domain}"))
         .resolve(&entries(pairs))
-        .map(|m| m.limit.full_key.clone())
+        .map(|m| m.limits[0].full_key.clone())
 }
 
 /// A scratch directory removed on drop.
@@ -145,15 +145,15 @@ fn basic_file_matches_like_the_reference() {
         );
     }
     let domain = config.domain("shop").unwrap();
-    let order = domain.resolve(&entries(&[("order", "o")])).unwrap().limit;
+    let order = &domain.resolve(&entries(&[("order", "o")])).unwrap().limits[0];
     assert_eq!(order.name.as_deref(), Some("orders_per_day"));
     assert_eq!((order.unit, order.requests_per_unit), (Some(Unit::Day), 2));
-    let internal = domain
+    let internal = &domain
         .resolve(&entries(&[("internal", "x")]))
         .unwrap()
-        .limit;
+        .limits[0];
     assert!(internal.unlimited);
-    let search = domain.resolve(&entries(&[("search", "q")])).unwrap().limit;
+    let search = &domain.resolve(&entries(&[("search", "q")])).unwrap().limits[0];
     assert!(search.detailed_metric);
     assert!(config.domain("unknown").is_none());
 }
@@ -207,7 +207,7 @@ fn share_threshold_file_shares_by_pattern() {
             .iter()
             .map(|(i, p)| (*i, p.to_string()))
             .collect();
-        (matched.limit.full_key.clone(), shared)
+        (matched.limits[0].full_key.clone(), shared)
     };
     let s = |i: usize, p: &str| (i, p.to_string());
     for value in ["uploads/a", "uploads/b/c", "uploads/"] {
@@ -302,7 +302,7 @@ fn shadow_mode_file_flags_limits() {
     let config = load("valid/shadow_mode.yaml");
     let domain = config.domain("shadow").unwrap();
     let shadow =
-        |pairs: &[(&str, &str)]| domain.resolve(&entries(pairs)).unwrap().limit.shadow_mode;
+        |pairs: &[(&str, &str)]| domain.resolve(&entries(pairs)).unwrap().limits[0].shadow_mode;
     assert!(!shadow(&[("team", "infra"), ("job", "build")]));
     assert!(shadow(&[("team", "infra"), ("job", "backup")]));
     assert!(shadow(&[("probe", "http")]));
@@ -313,7 +313,7 @@ fn shadow_mode_file_flags_limits() {
 fn replaces_file_keeps_names_and_quota() {
     let config = load("valid/replaces.yaml");
     let domain = config.domain("gateway").unwrap();
-    let limit = |pairs: &[(&str, &str)]| domain.resolve(&entries(pairs)).unwrap().limit.clone();
+    let limit = |pairs: &[(&str, &str)]| domain.resolve(&entries(pairs)).unwrap().limits[0].clone();
     assert_eq!(limit(&[("kind", "admin")]).replaces, ["per_owner", "trial"]);
     assert_eq!(
         limit(&[("caller", "c"), ("owner", "banned")]).requests_per_unit,
@@ -344,7 +344,7 @@ fn yaml_features_load_like_the_reference() {
         domain
             .resolve(&entries(pairs))
             .unwrap_or_else(|| panic!("no match for {pairs:?}"))
-            .limit
+            .limits[0]
             .clone()
     };
     let base = limit(&[("base", "x")]);
@@ -380,13 +380,7 @@ fn yaml_features_load_like_the_reference() {
 fn extensions_file_sets_windows_and_algorithms() {
     let config = load("valid/extensions.yaml");
     let domain = config.domain("extended").unwrap();
-    let limit = |key: &str| {
-        domain
-            .resolve(&[Entry::new(key, "v")])
-            .unwrap()
-            .limit
-            .clone()
-    };
+    let limit = |key: &str| domain.resolve(&[Entry::new(key, "v")]).unwrap().limits[0].clone();
     let login = limit("login");
     assert_eq!(login.algorithm, Algorithm::SlidingWindowLog);
     assert_eq!((login.unit, login.window_ms), (Some(Unit::Minute), 60_000));
@@ -769,7 +763,7 @@ fn the_examples_load_and_demo_as_documented() {
     let config = Config::load(&examples).unwrap_or_else(|e| panic!("{e}"));
     assert!(config.warnings().is_empty(), "{:?}", config.warnings());
     let edge = config.domain("edge").unwrap();
-    let limit = |pairs: &[(&str, &str)]| edge.resolve(&entries(pairs)).map(|m| m.limit.clone());
+    let limit = |pairs: &[(&str, &str)]| edge.resolve(&entries(pairs)).map(|m| m.limits[0].clone());
 
     // The README's grpcurl demo: alice is limited to 5 per minute.
     let alice = limit(&[("user", "alice")]).unwrap();
@@ -803,7 +797,7 @@ fn the_examples_load_and_demo_as_documented() {
         .unwrap();
     assert_eq!(batch.shared.as_slice(), [(0, "batch-*")]);
     let tenant = internal.resolve(&entries(&[("tenant", "acme")])).unwrap();
-    assert!(tenant.limit.quota_mode);
+    assert!(tenant.limits[0].quota_mode);
     assert!(tenant.metadata.is_some());
 }
 
@@ -908,7 +902,7 @@ fn counting_is_read_per_limit() {
             .unwrap()
             .resolve(&[Entry::new(key, "x")])
             .unwrap()
-            .limit
+            .limits[0]
             .counting
     };
     assert_eq!(counting("tokens"), Some(Counting::All));

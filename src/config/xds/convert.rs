@@ -6,7 +6,9 @@
 //! The message has a field for every key of the reference's format except `share_threshold` and
 //! `value_to_metric` (which the reference does not carry over xDS either). tollgate's extensions
 //! arrive in `RateLimitPolicy.tollgate` (`LimitExtension`) with the spellings a file uses;
-//! [`ExtensionDefaults`] fills in what a control plane that does not know them leaves out.
+//! [`ExtensionDefaults`] fills in what a control plane that does not know them leaves out. A
+//! file's `rate_limits` list arrives as a `rate_limit` whose extension lists further limits
+//! (`LimitExtension.rate_limits`): the node gets the list `[rate_limit, further limits...]`.
 
 use std::fmt;
 use std::path::Path;
@@ -16,11 +18,14 @@ use prost_types::value::Kind;
 
 use super::super::diagnostics::{Finding, Location};
 use super::super::rules::Snapshot;
-use super::super::schema::{DescriptorNode, Given, MAX_SHARDS, Policy, RateLimitNode, ReplaceNode};
+use super::super::schema::{
+    DescriptorNode, Given, LimitList, MAX_SHARDS, Policy, RateLimitNode, ReplaceNode,
+};
 use super::super::{Config, LoadOptions, MetaValue};
 use crate::proto::ratelimit::config::ratelimit::v3::{
-    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, RateLimitUnit,
 };
+use crate::proto::tollgate::config::v1::FurtherLimit;
 use crate::window::Algorithm;
 
 /// The type URL of the resources the client subscribes to.
@@ -188,17 +193,16 @@ fn descriptor(
     defaults: &ExtensionDefaults,
 ) -> Result<DescriptorNode<FieldPath>, Finding<FieldPath>> {
     let children = at.field("descriptors");
+    let (rate_limit, rate_limits) = match &node.rate_limit {
+        Some(policy) => limits(policy, &at.field("rate_limit"), defaults)?,
+        None => (None, None),
+    };
     Ok(DescriptorNode {
         at: at.clone(),
         key: Some(given(node.key.clone(), at.field("key"))),
         value: node.value.clone(),
-        rate_limit: match &node.rate_limit {
-            Some(policy) => {
-                let at = at.field("rate_limit");
-                Some(given(rate_limit(policy, &at, defaults)?, at))
-            }
-            None => None,
-        },
+        rate_limit,
+        rate_limits,
         descriptors: if node.descriptors.is_empty() {
             None
         } else {
@@ -214,6 +218,69 @@ fn descriptor(
         share_threshold: None,
         metadata: node.metadata.as_ref().map(meta_struct),
     })
+}
+
+/// A node's limits: its `rate_limit`, or its `rate_limits` list (never both).
+type NodeLimits = (
+    Option<Given<RateLimitNode<FieldPath>, FieldPath>>,
+    Option<LimitList<FieldPath>>,
+);
+
+/// A node's limits: its `rate_limit` at `at` alone, or, when the extension lists further limits,
+/// a `rate_limits` list of the `rate_limit` then the further ones.
+fn limits(
+    policy: &RateLimitPolicy,
+    at: &FieldPath,
+    defaults: &ExtensionDefaults,
+) -> Result<NodeLimits, Finding<FieldPath>> {
+    let first = given(rate_limit(policy, at, defaults)?, at.clone());
+    let further = policy
+        .tollgate
+        .as_ref()
+        .map_or(&[][..], |extension| extension.rate_limits.as_slice());
+    if further.is_empty() {
+        return Ok((Some(first), None));
+    }
+    let list_at = at.field("tollgate").field("rate_limits");
+    let mut list = Vec::with_capacity(further.len() + 1);
+    list.push(first);
+    for (index, limit) in further.iter().enumerate() {
+        let item_at = list_at.item(index);
+        list.push(given(further_limit(limit, &item_at, defaults)?, item_at));
+    }
+    Ok((None, Some(given(list, list_at))))
+}
+
+/// One further limit at `at`, read as the `RateLimitPolicy` it stands for.
+fn further_limit(
+    limit: &FurtherLimit,
+    at: &FieldPath,
+    defaults: &ExtensionDefaults,
+) -> Result<RateLimitNode<FieldPath>, Finding<FieldPath>> {
+    if limit
+        .tollgate
+        .as_ref()
+        .is_some_and(|extension| !extension.rate_limits.is_empty())
+    {
+        return Err(Finding::new(
+            at.field("tollgate").field("rate_limits"),
+            "a further limit cannot list further limits of its own; list every limit of the \
+             descriptor in its `rate_limit.tollgate.rate_limits`",
+        ));
+    }
+    let policy = RateLimitPolicy {
+        unit: limit.unit,
+        requests_per_unit: limit.requests_per_unit,
+        unlimited: false,
+        name: limit.name.clone(),
+        replaces: limit
+            .replaces
+            .iter()
+            .map(|name| RateLimitReplace { name: name.clone() })
+            .collect(),
+        tollgate: limit.tollgate.clone(),
+    };
+    rate_limit(&policy, at, defaults)
 }
 
 /// A `rate_limit` at `at`, with tollgate's extension if the control plane set it.
@@ -321,7 +388,7 @@ mod tests {
     use super::*;
     use crate::descriptor::{Entry, Unit};
     use crate::proto::ratelimit::config::ratelimit::v3::RateLimitReplace;
-    use crate::proto::tollgate::config::v1::LimitExtension;
+    use crate::proto::tollgate::config::v1::{LimitExtension, LimitUnit};
 
     fn pack(config: &RateLimitConfig) -> prost_types::Any {
         prost_types::Any {
@@ -437,7 +504,7 @@ mod tests {
         let foo = config.domain("foo").unwrap();
         assert_eq!(foo.file(), Path::new("foo"));
         let matched = foo.resolve(&entries(&[("j1", "v2")])).unwrap();
-        let shadow = matched.limit;
+        let shadow = &matched.limits[0];
         assert!(shadow.shadow_mode && shadow.quota_mode && shadow.detailed_metric);
         assert_eq!(
             (shadow.unit, shadow.requests_per_unit),
@@ -451,15 +518,15 @@ mod tests {
             ]))
         );
         let unlimited = foo.resolve(&entries(&[("k1", "v1"), ("k2", "x")])).unwrap();
-        assert!(unlimited.limit.unlimited);
+        assert!(unlimited.limits[0].unlimited);
         let week = foo
             .resolve(&entries(&[("k1", "v1"), ("k2", "x"), ("k3", "v3")]))
             .unwrap();
-        assert_eq!(week.limit.unit, Some(Unit::Week));
+        assert_eq!(week.limits[0].unit, Some(Unit::Week));
         let named = foo.resolve(&entries(&[("k1", "v1")])).unwrap();
-        assert_eq!(named.limit.name.as_deref(), Some("per_k1"));
+        assert_eq!(named.limits[0].name.as_deref(), Some("per_k1"));
         let replacing = foo.resolve(&entries(&[("k4", "any")])).unwrap();
-        assert_eq!(replacing.limit.replaces, vec!["per_k1".to_string()]);
+        assert_eq!(replacing.limits[0].replaces, vec!["per_k1".to_string()]);
         assert_eq!(
             config.domain("bar").unwrap().limits()[0].unit,
             Some(Unit::Month)
@@ -602,6 +669,7 @@ mod tests {
             failure_mode: "deny".into(),
             counting: "all".into(),
             lease: true,
+            rate_limits: Vec::new(),
         });
         let plain = node("user", "", limit(RateLimitUnit::Minute, 5));
         let config = load(&[resource(
@@ -611,14 +679,17 @@ mod tests {
         )])
         .unwrap();
         let domain = config.domain("edge").unwrap();
-        let tenant = domain.resolve(&entries(&[("tenant", "t1")])).unwrap().limit;
+        let tenant = &domain
+            .resolve(&entries(&[("tenant", "t1")]))
+            .unwrap()
+            .limits[0];
         assert_eq!(tenant.algorithm, Algorithm::SlidingWindowLog);
         assert_eq!((tenant.window_ms, tenant.unit), (90_000, None));
         assert_eq!(tenant.shards, 4);
         assert!(tenant.lease, "the extension's lease reaches the limit");
         assert_eq!(tenant.failure_mode, Some(crate::config::FailureMode::Deny));
         assert_eq!(tenant.counting, Some(crate::window::Counting::All));
-        let user = domain.resolve(&entries(&[("user", "u")])).unwrap().limit;
+        let user = &domain.resolve(&entries(&[("user", "u")])).unwrap().limits[0];
         assert_eq!(user.algorithm, Algorithm::SlidingWindowCounter);
 
         let defaults = ExtensionDefaults {
@@ -673,6 +744,163 @@ mod tests {
             error.to_string(),
             "e: descriptors[0].rate_limit.tollgate.window: give either `unit` or `window`, not \
              both; remove one"
+        );
+    }
+
+    /// A `rate_limit` with further limits in its extension is the schema's `rate_limits` list.
+    #[test]
+    fn further_limits_become_a_rate_limits_list() {
+        let mut burst = limit(RateLimitUnit::Second, 10).unwrap();
+        burst.name = "burst".into();
+        burst.tollgate = Some(LimitExtension {
+            rate_limits: vec![
+                FurtherLimit {
+                    unit: LimitUnit::Hour as i32,
+                    requests_per_unit: 1000,
+                    name: "sustained".into(),
+                    replaces: vec!["other".into()],
+                    tollgate: Some(LimitExtension {
+                        algorithm: "sliding_window_log".into(),
+                        ..Default::default()
+                    }),
+                },
+                FurtherLimit {
+                    requests_per_unit: 50,
+                    tollgate: Some(LimitExtension {
+                        window: "90s".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        });
+        let mut other = limit(RateLimitUnit::Minute, 5).unwrap();
+        other.name = "other".into();
+        other.replaces = vec![RateLimitReplace {
+            name: "burst".into(),
+        }];
+        let config = load(&[resource(
+            "several",
+            "edge",
+            vec![
+                node("user", "", Some(burst.clone())),
+                node("other", "", Some(other)),
+            ],
+        )])
+        .unwrap();
+        let domain = config.domain("edge").unwrap();
+        let matched = domain.resolve(&entries(&[("user", "alice")])).unwrap();
+        let summary: Vec<_> = matched
+            .limits
+            .iter()
+            .map(|l| {
+                (
+                    l.series_key.as_str(),
+                    l.joint,
+                    l.requests_per_unit,
+                    l.window_ms,
+                    l.algorithm,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (
+                    "edge.user.burst",
+                    true,
+                    10,
+                    1000,
+                    Algorithm::SlidingWindowCounter
+                ),
+                (
+                    "edge.user.sustained",
+                    true,
+                    1000,
+                    3_600_000,
+                    Algorithm::SlidingWindowLog
+                ),
+                (
+                    "edge.user.3",
+                    true,
+                    50,
+                    90_000,
+                    Algorithm::SlidingWindowCounter
+                ),
+            ]
+        );
+        assert_eq!(matched.limits[1].replaces, ["other"]);
+        assert_eq!(matched.counter_keys.len(), 3);
+        let plain = domain.resolve(&entries(&[("other", "x")])).unwrap();
+        assert!(!plain.limits[0].joint);
+
+        let with = |further: FurtherLimit| {
+            let mut policy = burst.clone();
+            if let Some(extension) = policy.tollgate.as_mut() {
+                extension.rate_limits.push(further);
+            }
+            load(&[resource("e", "edge", vec![node("user", "", Some(policy))])])
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            with(FurtherLimit {
+                unit: 9,
+                requests_per_unit: 1,
+                ..Default::default()
+            }),
+            "e: descriptors[0].rate_limit.tollgate.rate_limits[2].unit: unknown unit `9`; write \
+             second, minute, hour, day, week, month or year (or `window: 90s` for other lengths)"
+        );
+        assert_eq!(
+            with(FurtherLimit {
+                unit: LimitUnit::Second as i32,
+                requests_per_unit: 1,
+                ..Default::default()
+            }),
+            "e: descriptors[0].rate_limit.tollgate.rate_limits[2]: this limit of `edge.user` has \
+             the same algorithm (sliding_window_counter) and window (second) as the one at \
+             `descriptors[0].rate_limit`, so the two would share one counter; give them \
+             different windows (or algorithms), or keep only the lower limit"
+        );
+        assert_eq!(
+            with(FurtherLimit {
+                unit: LimitUnit::Day as i32,
+                name: "burst".into(),
+                ..Default::default()
+            }),
+            "e: descriptors[0].rate_limit.tollgate.rate_limits[2]: two limits of `edge.user` are \
+             named `burst` (the first at `descriptors[0].rate_limit`); give each limit of \
+             `rate_limits` its own name"
+        );
+        assert_eq!(
+            with(FurtherLimit {
+                unit: LimitUnit::Day as i32,
+                tollgate: Some(LimitExtension {
+                    rate_limits: vec![FurtherLimit::default()],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            "e: descriptors[0].rate_limit.tollgate.rate_limits[2].tollgate.rate_limits: a \
+             further limit cannot list further limits of its own; list every limit of the \
+             descriptor in its `rate_limit.tollgate.rate_limits`"
+        );
+        let mut unlimited = burst.clone();
+        unlimited.unit = RateLimitUnit::Unknown as i32;
+        unlimited.unlimited = true;
+        let error = load(&[resource(
+            "u",
+            "edge",
+            vec![node("user", "", Some(unlimited))],
+        )])
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "u: descriptors[0].rate_limit: a `rate_limits` entry cannot be `unlimited: true`: the \
+             other limits of `edge.user` would still limit it; to never limit the descriptor, \
+             write `rate_limit: {unlimited: true}` instead of `rate_limits`"
         );
     }
 }

@@ -338,7 +338,7 @@ type Levels<'a> = &'a [(usize, &'a str)];
 fn resolve(config: &Config, domain: &str, pairs: &[(&str, &str)]) -> Option<Resolved> {
     let entries: Vec<Entry> = pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
     let matched = config.domain(domain)?.resolve(&entries)?;
-    let limit = matched.limit;
+    let limit = &matched.limits[0];
     Some((
         limit.requests_per_unit,
         limit.unit,
@@ -421,10 +421,10 @@ fn basic_config_resolves_as_the_reference() {
     }
     let domain = config.domain(d).expect("test-domain");
     let key6 = domain.resolve(&[Entry::new("key6", "foo")]).expect("key6");
-    assert!(key6.limit.unlimited);
-    assert_eq!(key6.limit.full_key, "test-domain.key6");
+    assert!(key6.limits[0].unlimited);
+    assert_eq!(key6.limits[0].full_key, "test-domain.key6");
     let key7 = domain.resolve(&[Entry::new("key7", "x")]).expect("key7");
-    assert!(key7.limit.detailed_metric);
+    assert!(key7.limits[0].detailed_metric);
 }
 
 /// `TestConfigLimitOverride` (config_test.go:256-334): a request's own limit replaces the
@@ -673,7 +673,7 @@ fn metadata_resolves_as_the_reference() {
         ])
         .expect("a limit");
     assert_eq!(
-        (first.limit.requests_per_unit, first.limit.unit),
+        (first.limits[0].requests_per_unit, first.limits[0].unit),
         (5, Some(Unit::Second))
     );
     assert_eq!(
@@ -684,7 +684,7 @@ fn metadata_resolves_as_the_reference() {
         .resolve(&[Entry::new("key2", "something")])
         .expect("a limit");
     assert_eq!(
-        (second.limit.requests_per_unit, second.limit.unit),
+        (second.limits[0].requests_per_unit, second.limits[0].unit),
         (20, Some(Unit::Minute))
     );
     assert_eq!(
