@@ -183,7 +183,7 @@ impl Scripts {
             script,
             suffixes,
             args,
-            base: keys.base(&hit.key),
+            base: keys.hit_base(&hit.key, hit.descriptor_tag),
         })
     }
 
