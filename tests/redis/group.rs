@@ -18,6 +18,7 @@ cases! {
     a_limit_counting_every_hit_keeps_its_charge: [redis];
     tentative_charges_given_back_leave_the_tally: [redis];
     a_check_only_group_writes_nothing: [redis];
+    a_group_survives_a_flushed_script_cache: [redis, redis_cluster];
 }
 
 const HOUR_MS: u64 = 3_600_000;
@@ -370,4 +371,36 @@ async fn a_check_only_group_writes_nothing(t: &Target) {
     let outcomes = decided_at(&backend, &checks, START + 10).await;
     assert_eq!(verdicts(&outcomes), [(false, 0), (true, 5)]);
     assert_eq!(dump(&keys), before);
+}
+
+/// SCRIPT FLUSH empties the script cache: the next group call sends the script along (NOSCRIPT,
+/// then EVAL) and decides as the first did, a single hit beside it too.
+async fn a_group_survives_a_flushed_script_cache(t: &Target) {
+    let flushed = tokio::task::block_in_place(|| t.private());
+    let backend: AnyBackend = flushed
+        .store()
+        .connect(flushed.prefix(), CALL_TIMEOUT)
+        .await;
+    let head = fresh_key("flush");
+    let lone = Hit {
+        group: 0,
+        descriptor_tag: false,
+        ..limit(&fresh_key("lone"), Algorithm::SlidingWindowLog, 10, HOUR_MS)
+    };
+    let hits = [
+        limit(&head, Algorithm::SlidingWindowCounter, 10, HOUR_MS),
+        limit(&head, Algorithm::SlidingWindowLog, 10, HOUR_MS),
+        lone,
+    ];
+    for n in 1..=3 {
+        if n > 1 {
+            tokio::task::block_in_place(|| flushed.script_flush());
+        }
+        let outcomes = decided(&backend, &hits).await;
+        assert_eq!(
+            verdicts(&outcomes),
+            [(true, 10 - n), (true, 10 - n), (true, 10 - n)],
+            "call {n}"
+        );
+    }
 }
