@@ -3,7 +3,9 @@
 //! The `redis` crate's async cluster client keeps one connection per node, routes each script call
 //! to the node owning its keys' slot and refreshes the slot map after a failover. Every limiter's
 //! keys share a hash tag, so each hit is one script call on one node; the calls of one request run
-//! concurrently, each with its own deadline, so a slow node fails only the hits it owns.
+//! concurrently, each with its own deadline, so a slow node fails only the hits it owns. The
+//! limits of one descriptor decided together ([`Hit::group`]) share the descriptor's hash tag,
+//! and are one call of the group script on the node of their slot.
 //!
 //! # Which calls are sent again
 //!

@@ -43,7 +43,7 @@ pub struct Scripts {
     log: Script,
     counter_refund: Script,
     log_refund: Script,
-    /// The limits of one descriptor decided together (`lua/group.lua`, see [`group_script!`]).
+    /// The limits of one descriptor decided together (`lua/group.lua`, made by `group_script!`).
     group: Script,
     /// How long a tentative charge of a request stays refundable ([`refund_horizon_ms`]).
     horizon_ms: u64,

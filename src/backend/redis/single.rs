@@ -7,7 +7,8 @@
 //! round trip (deadpool's health check), and paying it per request would double the cost of a
 //! decision. A lane whose connection breaks gives it back to the pool, which health-checks or
 //! replaces it. All hits of one request go in one pipeline, one round
-//! trip, each hit its algorithm's script call of its own.
+//! trip, each hit its algorithm's script call of its own, but for the limits of one descriptor
+//! decided together ([`Hit::group`]), which are one call of the group script.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
