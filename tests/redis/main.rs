@@ -15,6 +15,7 @@ mod chaos;
 mod connect;
 mod connections;
 mod failures;
+mod group;
 mod hardening;
 mod keys;
 mod scripts;

@@ -3,7 +3,9 @@
 //! The `redis` crate's async cluster client keeps one connection per node, routes each script call
 //! to the node owning its keys' slot and refreshes the slot map after a failover. Every limiter's
 //! keys share a hash tag, so each hit is one script call on one node; the calls of one request run
-//! concurrently, each with its own deadline, so a slow node fails only the hits it owns.
+//! concurrently, each with its own deadline, so a slow node fails only the hits it owns. The
+//! limits of one descriptor decided together ([`Hit::group`]) share the descriptor's hash tag,
+//! and are one call of the group script on the node of their slot.
 //!
 //! # Which calls are sent again
 //!
@@ -31,11 +33,14 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::connect::{Addr, Auth, Kind, Target};
+use super::group;
 use super::keys::KeySpace;
-use super::scripts::{Call, Scripts, count_late_refunds};
+use super::scripts::{Call, Invoke, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
+use crate::backend::{
+    Backend, BackendError, Hit, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
+};
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
 /// deadline (the connection outlives the call that opened it).
@@ -236,7 +241,7 @@ impl ClusterBackend {
     /// Runs one script call within the deadline, resending it only when the node certainly did
     /// not run it (see the module docs). Failures are counted and logged here (by kind);
     /// `operation` names the call in the latency histogram.
-    async fn call(&self, call: &Call<'_>, operation: Operation) -> Result<Value, BackendError> {
+    async fn call<C: Invoke>(&self, call: &C, operation: Operation) -> Result<Value, BackendError> {
         let run = async {
             let conn = self.connection().await?;
             send_once(conn, call)
@@ -277,6 +282,26 @@ impl ClusterBackend {
         let call = self.scripts.acquire(&self.keys, hit)?;
         let reply = self.call(&call, Operation::Acquire).await?;
         call.outcome(hit, reply)
+    }
+
+    /// Decides `hits`, some of which are groups ([`Hit::group`]): each group is one call of the
+    /// group script on the node owning its slot, every other hit a call of its own, all
+    /// concurrently.
+    async fn decide_grouped(&self, hits: &[Hit]) -> Results {
+        let decided = join_all(group::spans(hits).map(|span| async move {
+            let hits = &hits[span];
+            let mut results = Vec::with_capacity(hits.len());
+            match group::unit(&self.scripts, &self.keys, hits, None) {
+                Ok(unit) => {
+                    let reply = self.call(&unit, Operation::Acquire).await;
+                    unit.outcomes(hits, reply, &mut results);
+                }
+                Err(err) => results.extend(hits.iter().map(|_| Err(err.clone()))),
+            }
+            results
+        }))
+        .await;
+        decided.into_iter().flatten().collect()
     }
 }
 
@@ -338,7 +363,7 @@ fn resend(err: &RedisError) -> Resend {
 
 /// Sends `call` until a node answers it or a failure leaves in doubt whether it ran. Each resend
 /// is one the node certainly did not run ([`resend`]); the caller's deadline bounds the pauses.
-async fn send_once(mut conn: ClusterConnection, call: &Call<'_>) -> Result<Value, RedisError> {
+async fn send_once<C: Invoke>(mut conn: ClusterConnection, call: &C) -> Result<Value, RedisError> {
     let mut cmd = call.evalsha();
     let mut route = Route::Slot;
     let mut pause = FIRST_PAUSE;
@@ -447,7 +472,18 @@ impl ShardKeys for ClusterBackend {
 
 impl Backend for ClusterBackend {
     async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
+        if hits.iter().any(|hit| hit.group != 0) {
+            // Boxed: only a request with a descriptor's limits decided together takes this way,
+            // and its future would otherwise widen the state of every decision.
+            return Box::pin(self.decide_grouped(hits)).await;
+        }
         join_all(hits.iter().map(|hit| self.decide(hit))).await
+    }
+
+    /// A group is one script call when all its keys are in one slot (its limits carry the
+    /// descriptor's hash tag, [`Hit::descriptor_tag`]).
+    fn joint(&self, group: &[Hit]) -> bool {
+        group::one_slot(&self.keys, group)
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {

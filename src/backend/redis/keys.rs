@@ -6,6 +6,11 @@
 //! tag), or, for identities longer than [`MAX_PLAIN_IDENTITY`] bytes, `#` and the SHA-256 of the
 //! identity in hex (a `#` never starts an escaped tag, so the two forms cannot meet).
 //!
+//! The limits declared together in one descriptor's list ([`crate::backend::Hit::descriptor_tag`])
+//! are decided together by one script call, so their keys must share one slot: their tag leaves
+//! out the identity's last part, `@<algorithm><window>`, which follows the closing brace
+//! ([`KeySpace::descriptor_base`]). Every other key keeps the whole identity in its tag.
+//!
 //! A sharded limit (`shards: N`, one hot limit's budget split over N windows so that it is not one
 //! key on one node) names each shard window with [`KeySpace::shard_identity`], an identity whose
 //! hash tag is steered towards its own part of the slot space, so the shards of one hot limit land
@@ -72,28 +77,46 @@ impl KeySpace {
             String::with_capacity(self.prefix.len() + identity.len().min(MAX_PLAIN_IDENTITY) + 2);
         base.push_str(&self.prefix);
         base.push('{');
-        if identity.len() > MAX_PLAIN_IDENTITY {
-            base.push('#');
-            for byte in Sha256::digest(identity.as_bytes()) {
-                let _ = write!(base, "{byte:02x}");
-            }
-        } else {
-            // The escaped characters are ASCII, so the text between them is copied whole; it is
-            // usually all of the identity.
-            let mut rest = identity;
-            while let Some(at) = rest
-                .bytes()
-                .position(|byte| matches!(byte, b'%' | b'{' | b'}' | b'#'))
-            {
-                base.push_str(&rest[..at]);
-                let mut buf = [0u8; 4];
-                base.push_str(escape_char(char::from(rest.as_bytes()[at]), &mut buf));
-                rest = &rest[at + 1..];
-            }
-            base.push_str(rest);
-        }
+        push_tag(&mut base, identity);
         base.push('}');
         base
+    }
+
+    /// The key base of the limiter `identity` declared in a descriptor's list of limits
+    /// ([`crate::backend::Hit::descriptor_tag`]): `<prefix>{<tag of the head>}<rest>`, where the
+    /// head is the identity up to its last `@` and the rest (`@<algorithm><window>`, escaped as a
+    /// tag is) follows the closing brace. Every limit of one descriptor differs only in the rest,
+    /// so all of them share one hash tag, one cluster slot. An identity without an `@`, or with
+    /// nothing before it, keeps the whole identity in its tag, as [`KeySpace::base`] does.
+    ///
+    /// Such a base never equals one [`KeySpace::base`] makes: that one ends with the tag's `}`,
+    /// this one with the rest, which is not empty and holds no raw brace. Two of them are equal
+    /// only for equal identities: the tag holds no raw `}`, so it ends at the first one, and both
+    /// the tag and the escaping of the rest are one-to-one.
+    pub fn descriptor_base(&self, identity: &str) -> String {
+        let Some(at) = identity.rfind('@').filter(|&at| at > 0) else {
+            return self.base(identity);
+        };
+        let (head, rest) = identity.split_at(at);
+        let mut base = String::with_capacity(
+            self.prefix.len() + head.len().min(MAX_PLAIN_IDENTITY) + rest.len() + 2,
+        );
+        base.push_str(&self.prefix);
+        base.push('{');
+        push_tag(&mut base, head);
+        base.push('}');
+        push_escaped(&mut base, rest);
+        base
+    }
+
+    /// The key base of a hit on the limiter `identity`: [`KeySpace::descriptor_base`] when its
+    /// hit carries the descriptor's tag (`descriptor_tag`), else [`KeySpace::base`].
+    pub fn hit_base(&self, identity: &str, descriptor_tag: bool) -> String {
+        if descriptor_tag {
+            self.descriptor_base(identity)
+        } else {
+            self.base(identity)
+        }
     }
 
     /// The counter hash of a sliding window counter.
@@ -205,6 +228,36 @@ fn tag_start(prefix: &str) -> Option<u16> {
         return None;
     }
     Some(crc16_update(crc16_update(0, inside.as_bytes()), b"{"))
+}
+
+/// Writes the hash tag of `identity` (without its braces): the identity escaped, or for one
+/// longer than [`MAX_PLAIN_IDENTITY`] bytes `#` and its SHA-256 in hex.
+fn push_tag(out: &mut String, identity: &str) {
+    if identity.len() > MAX_PLAIN_IDENTITY {
+        out.push('#');
+        for byte in Sha256::digest(identity.as_bytes()) {
+            let _ = write!(out, "{byte:02x}");
+        }
+    } else {
+        push_escaped(out, identity);
+    }
+}
+
+/// Writes `text` with `%`, `{`, `}` and `#` percent-escaped ([`escape_char`]).
+fn push_escaped(out: &mut String, text: &str) {
+    // The escaped characters are ASCII, so the text between them is copied whole; it is
+    // usually all of the identity.
+    let mut rest = text;
+    while let Some(at) = rest
+        .bytes()
+        .position(|byte| matches!(byte, b'%' | b'{' | b'}' | b'#'))
+    {
+        out.push_str(&rest[..at]);
+        let mut buf = [0u8; 4];
+        out.push_str(escape_char(char::from(rest.as_bytes()[at]), &mut buf));
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
 }
 
 /// What [`KeySpace::base`] writes for `ch` in a plain (not digested) tag.
@@ -578,6 +631,65 @@ mod tests {
             assert_eq!(keys.len(), 8);
             assert!(keys.iter().all(|key| key.ends_with(":0}")));
         }
+    }
+
+    #[test]
+    fn the_limits_of_one_descriptor_share_a_slot_and_keep_apart() {
+        let heads = [
+            "edge|user=alice".to_owned(),
+            "d|k=%7Bv%7D|x~a%23b".to_owned(),
+            "dom|city=Zürich|日本=東京".to_owned(),
+            "x".repeat(MAX_PLAIN_IDENTITY + 5),
+        ];
+        let rests = ["@c1000", "@c3600000", "@l1000", "@l86400000"];
+        for prefix in ["tollgate:", "", "p{q:", "tg{x}:"] {
+            let space = KeySpace::new(prefix);
+            let mut seen = HashSet::new();
+            for head in &heads {
+                let mut slots = HashSet::new();
+                for rest in rests {
+                    let identity = format!("{head}{rest}");
+                    let tagged = space.descriptor_base(&identity);
+                    let plain = space.base(&identity);
+                    assert_ne!(tagged, plain);
+                    assert_eq!(space.hit_base(&identity, true), tagged);
+                    assert_eq!(space.hit_base(&identity, false), plain);
+                    assert!(tagged.ends_with(rest), "{tagged}");
+                    for base in [&tagged, &plain] {
+                        for key in [
+                            KeySpace::counter(base),
+                            KeySpace::log(base),
+                            KeySpace::log_meta(base),
+                        ] {
+                            assert!(seen.insert(key.clone()), "{identity:?} collides at {key}");
+                        }
+                    }
+                    for key in [
+                        KeySpace::counter(&tagged),
+                        KeySpace::log(&tagged),
+                        KeySpace::log_meta(&tagged),
+                    ] {
+                        slots.insert(slot(&key));
+                    }
+                }
+                assert_eq!(slots.len(), 1, "{prefix:?} {head:?}: {slots:?}");
+                // the slot of the head's own tag, as a tag of the whole head would have it
+                let head_slot = slot(&space.base(head));
+                assert!(slots.contains(&head_slot), "{prefix:?} {head:?}");
+            }
+        }
+        let space = KeySpace::new("p:");
+        assert_eq!(space.descriptor_base("a{b}@c1000"), "p:{a%7Bb%7D}@c1000");
+        // a long head is digested, and the rest still follows the tag
+        let long = format!("{}@c1000", "y".repeat(300));
+        let base = space.descriptor_base(&long);
+        assert!(
+            base.starts_with("p:{#") && base.ends_with("}@c1000"),
+            "{base}"
+        );
+        // no `@`, or nothing before it: the whole identity is the tag
+        assert_eq!(space.descriptor_base("plain"), space.base("plain"));
+        assert_eq!(space.descriptor_base("@c1000"), space.base("@c1000"));
     }
 
     #[test]

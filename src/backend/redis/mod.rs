@@ -8,6 +8,7 @@
 
 mod cluster;
 pub mod connect;
+mod group;
 pub mod keys;
 mod scripts;
 mod single;

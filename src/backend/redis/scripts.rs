@@ -20,8 +20,10 @@ pub const MAX_WINDOW_MS: u64 = 1 << 40;
 /// One Lua script and its SHA1, the name `EVALSHA` knows it by.
 #[derive(Debug, Clone)]
 pub struct Script {
-    code: &'static str,
-    hash: String,
+    /// The script's text, what `EVAL` sends.
+    pub(super) code: &'static str,
+    /// Its SHA1 in hex, what `EVALSHA` names.
+    pub(super) hash: String,
 }
 
 impl Script {
@@ -41,6 +43,8 @@ pub struct Scripts {
     log: Script,
     counter_refund: Script,
     log_refund: Script,
+    /// The limits of one descriptor decided together (`lua/group.lua`, made by `group_script!`).
+    group: Script,
     /// How long a tentative charge of a request stays refundable ([`refund_horizon_ms`]).
     horizon_ms: u64,
 }
@@ -51,6 +55,34 @@ macro_rules! script_with_tally {
         concat!(
             include_str!("../../../lua/refundable.lua"),
             include_str!(concat!("../../../lua/", $file))
+        )
+    };
+}
+
+/// One script with the refundable tally's definitions before it, wrapped as the local function
+/// `$name` of (KEYS, ARGV): its body runs unchanged, its `return` answering the function.
+macro_rules! wrapped {
+    ($name:literal, $file:literal) => {
+        concat!(
+            "local ",
+            $name,
+            " = function(KEYS, ARGV)\n",
+            script_with_tally!($file),
+            "\nend\n"
+        )
+    };
+}
+
+/// The group script: every acquire and refund script wrapped as a function, and the driver
+/// (`lua/group.lua`) that decides a descriptor's limits with them in one call.
+macro_rules! group_script {
+    () => {
+        concat!(
+            wrapped!("decide_counter", "counter.lua"),
+            wrapped!("decide_log", "log.lua"),
+            wrapped!("refund_counter", "counter_refund.lua"),
+            wrapped!("refund_log", "log_refund.lua"),
+            include_str!("../../../lua/group.lua")
         )
     };
 }
@@ -88,6 +120,7 @@ impl Scripts {
             log: Script::new(script_with_tally!("log.lua")),
             counter_refund: Script::new(script_with_tally!("counter_refund.lua")),
             log_refund: Script::new(script_with_tally!("log_refund.lua")),
+            group: Script::new(group_script!()),
             horizon_ms: refund_horizon_ms(timeout),
         }
     }
@@ -112,6 +145,7 @@ impl Scripts {
             &self.log,
             &self.counter_refund,
             &self.log_refund,
+            &self.group,
         ]
         .into_iter()
         .map(|script| {
@@ -120,6 +154,11 @@ impl Scripts {
             cmd
         })
         .collect()
+    }
+
+    /// The script that decides the limits of one descriptor together ([`super::group`]).
+    pub(super) fn group(&self) -> &Script {
+        &self.group
     }
 
     /// A harmless script call for checking permissions: a check-only counter decision (counting
@@ -183,7 +222,7 @@ impl Scripts {
             script,
             suffixes,
             args,
-            base: keys.base(&hit.key),
+            base: keys.hit_base(&hit.key, hit.descriptor_tag),
         })
     }
 
@@ -320,7 +359,18 @@ impl Call<'_> {
         cmd
     }
 
-    fn key_bytes(&self) -> usize {
+    /// How many keys the call's script takes.
+    pub(super) fn key_count(&self) -> usize {
+        self.suffixes.len()
+    }
+
+    /// The arguments the call sends after its keys.
+    pub(super) fn args(&self) -> &[u64] {
+        self.args.as_slice()
+    }
+
+    /// The bytes of the call's keys.
+    pub(super) fn key_bytes(&self) -> usize {
         self.suffixes
             .iter()
             .map(|suffix| self.base.len() + suffix.len())
@@ -328,7 +378,7 @@ impl Call<'_> {
     }
 
     /// Appends each key, the base and a suffix written as one argument.
-    fn write_keys(&self, cmd: &mut Cmd) {
+    pub(super) fn write_keys(&self, cmd: &mut Cmd) {
         for suffix in self.suffixes {
             let mut key = cmd.writer_for_next_arg();
             // The writer appends to the command's buffer in memory, which cannot fail.
@@ -437,6 +487,25 @@ impl Call<'_> {
                 Ok((verdict, k, until))
             }
         }
+    }
+}
+
+/// A script call a backend sends: `EVALSHA`, or `EVAL` with the script after the node answered
+/// NOSCRIPT. One hit's [`Call`], or the call deciding a group ([`super::group::Unit`]).
+pub trait Invoke {
+    /// `EVALSHA`: runs the script from the node's cache.
+    fn evalsha(&self) -> Cmd;
+    /// `EVAL`: sends the script along, which also caches it on the node.
+    fn eval(&self) -> Cmd;
+}
+
+impl Invoke for Call<'_> {
+    fn evalsha(&self) -> Cmd {
+        Call::evalsha(self)
+    }
+
+    fn eval(&self) -> Cmd {
+        Call::eval(self)
     }
 }
 

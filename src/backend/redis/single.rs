@@ -7,7 +7,8 @@
 //! round trip (deadpool's health check), and paying it per request would double the cost of a
 //! decision. A lane whose connection breaks gives it back to the pool, which health-checks or
 //! replaces it. All hits of one request go in one pipeline, one round
-//! trip, each hit its algorithm's script call of its own.
+//! trip, each hit its algorithm's script call of its own, but for the limits of one descriptor
+//! decided together ([`Hit::group`]), which are one call of the group script.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -18,11 +19,14 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisError, RedisResult, Value};
 
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
+use super::group;
 use super::keys::KeySpace;
-use super::scripts::{Call, Scripts, count_late_refunds};
+use super::scripts::{Call, Invoke, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
-use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, ShardKeys, SustainedFailure};
+use crate::backend::{
+    Backend, BackendError, Hit, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
+};
 
 /// Shared connections kept checked out of the pool, unless the target says otherwise. One: every
 /// call in flight shares it, so commands and replies move in the largest batches, the fewest
@@ -220,6 +224,11 @@ impl RedisBackend {
         hits: &[Hit],
         now_ms: Option<u64>,
     ) -> Vec<Result<Outcome, BackendError>> {
+        if hits.iter().any(|hit| hit.group != 0) {
+            // Boxed: only a request with a descriptor's limits decided together takes this way,
+            // and its future would otherwise widen the state of every decision.
+            return Box::pin(self.decide_grouped(hits, now_ms)).await;
+        }
         let mut calls = Vec::with_capacity(hits.len());
         // Hits that cannot become a call (a window out of range), by position; rare, so this
         // usually stays empty and never allocates.
@@ -272,6 +281,59 @@ impl RedisBackend {
         results
     }
 
+    /// Decides `hits`, some of which are groups ([`Hit::group`]): each group is one call of the
+    /// group script, every other hit a call of its own, all in one pipeline as
+    /// [`RedisBackend::decide`] sends them.
+    async fn decide_grouped(&self, hits: &[Hit], now_ms: Option<u64>) -> Results {
+        let mut units = Vec::new();
+        // Each span of hits, and why it cannot be decided when a hit of it cannot become a call.
+        let mut spans = Vec::new();
+        for span in group::spans(hits) {
+            match group::unit(&self.scripts, &self.keys, &hits[span.clone()], now_ms) {
+                Ok(unit) => {
+                    units.push(unit);
+                    spans.push((span, None));
+                }
+                Err(err) => spans.push((span, Some(err))),
+            }
+        }
+        let replies = if units.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.run(&units, true, Operation::Acquire).await
+        };
+        let mut results = Vec::with_capacity(hits.len());
+        let mut answered = match replies {
+            Ok(replies) => Ok(units.into_iter().zip(replies)),
+            Err(err) => Err(err),
+        };
+        for (span, refused) in spans {
+            let hits = &hits[span];
+            if let Some(err) = refused {
+                results.extend(hits.iter().map(|_| Err(err.clone())));
+                continue;
+            }
+            match &mut answered {
+                Ok(pairs) => match pairs.next() {
+                    Some((unit, reply)) => {
+                        let reply =
+                            call_result(reply).map_err(|err| Failure::redis(&err).report(NAME));
+                        unit.outcomes(hits, reply, &mut results);
+                    }
+                    // `pipeline` answers exactly one reply per call.
+                    None => results.extend(hits.iter().map(|_| {
+                        Err(BackendError::Protocol(
+                            "a script call went unanswered".into(),
+                        ))
+                    })),
+                },
+                Err(err) => results.extend(hits.iter().map(|_| Err(err.clone()))),
+            }
+        }
+        self.record(&results);
+        results
+    }
+
     /// Counts a batch of answers for the sustained-failure tracking (health): any failed call (a
     /// script the server refused, say out of memory, as much as a connection that broke) is a
     /// failure, so a server that answers pings but runs no script does not pass for a healthy
@@ -294,9 +356,9 @@ impl RedisBackend {
     /// replicas before they count.
     /// Failures are counted and logged here (by kind); `operation` names the call in the latency
     /// histogram.
-    async fn run(
+    async fn run<C: Invoke>(
         &self,
-        calls: &[Call<'_>],
+        calls: &[C],
         durable: bool,
         operation: Operation,
     ) -> Result<Vec<Value>, BackendError> {
@@ -328,18 +390,18 @@ impl RedisBackend {
 
     /// Sends `calls` in one round trip: one command alone, several as a pipeline (followed by a
     /// `WAIT` when the writes must be replicated).
-    async fn pipeline(&self, calls: &[Call<'_>], durable: bool) -> Result<Vec<Value>, Failure> {
+    async fn pipeline<C: Invoke>(&self, calls: &[C], durable: bool) -> Result<Vec<Value>, Failure> {
         let (lane, mut conn) = self.connection().await?;
         let timed = LaneGuard {
             lane: &self.lanes[lane],
         };
         let wait = self.wait_command(durable);
         let sent = match &wait {
-            None => send(&mut conn, calls.iter().map(Call::evalsha)).await,
+            None => send(&mut conn, calls.iter().map(C::evalsha)).await,
             Some(wait) => {
                 let commands: Vec<Cmd> = calls
                     .iter()
-                    .map(Call::evalsha)
+                    .map(C::evalsha)
                     .chain(std::iter::once(wait.clone()))
                     .collect();
                 send(&mut conn, commands.into_iter()).await
@@ -596,6 +658,12 @@ impl ShardKeys for RedisBackend {
 impl Backend for RedisBackend {
     async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
         self.decide(hits, None).await
+    }
+
+    /// One server holds every key: any group is one script call.
+    fn joint(&self, group: &[Hit]) -> bool {
+        let _ = group;
+        true
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
