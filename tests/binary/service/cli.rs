@@ -30,6 +30,8 @@ fn check_prints_one_line_per_limit_of_the_examples() {
         "edge.path_/login.remote_address ",
         "sliding_window_log",
         "edge.api_key ",
+        "edge.partner.partner_burst ",
+        "edge.partner.partner_daily ",
         "shards=8",
         "failure_mode=deny",
         "internal.client_batch-* ",
