@@ -98,7 +98,8 @@ impl FailureMode {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     /// The reference's key: domain and the path of `key_value` / `key` nodes joined with `.`,
-    /// e.g. `edge.user_alice.path`. Used in tables, logs and metrics.
+    /// e.g. `edge.user_alice.path`, the same for every limit of one descriptor. Used in logs and
+    /// metrics; tables list [`Limit::series_key`].
     pub full_key: String,
     /// `rate_limit.name`, if any (target of other limits' `replaces`).
     pub name: Option<String>,

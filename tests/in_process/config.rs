@@ -418,7 +418,7 @@ fn invalid_files_fail_at_the_offending_node() {
         ),
         (
             "unknown_key.yaml",
-            "4:5: unknown key `ratelimit` in a descriptor; did you mean `rate_limit`? (allowed: `key`, `value`, `rate_limit`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, `share_threshold`, `metadata`)",
+            "4:5: unknown key `ratelimit` in a descriptor; did you mean `rate_limit`? (allowed: `key`, `value`, `rate_limit`, `rate_limits`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, `share_threshold`, `metadata`)",
         ),
         (
             "unknown_key_in_rate_limit.yaml",

@@ -44,6 +44,62 @@ fn check_prints_one_line_per_limit_of_the_examples() {
 }
 
 #[test]
+fn check_lists_every_limit_of_a_rate_limits_list() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("several.yaml"),
+        r#"domain: edge
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, name: burst}
+      - {unit: hour, requests_per_unit: 1000, name: sustained, algorithm: sliding_window_log}
+      - {window: 90s, requests_per_unit: 50}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"#,
+    )
+    .expect("write the policy");
+    let out = tollgate(&["check", "--config", &dir.path().display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            vec!["edge.path", "sliding_window_counter", "5", "minute", "-"],
+            vec![
+                "edge.user.3",
+                "sliding_window_counter",
+                "50",
+                "1m30s",
+                "joint"
+            ],
+            vec![
+                "edge.user.burst",
+                "sliding_window_counter",
+                "10",
+                "second",
+                "joint",
+                "name=burst"
+            ],
+            vec![
+                "edge.user.sustained",
+                "sliding_window_log",
+                "1000",
+                "hour",
+                "joint",
+                "name=sustained"
+            ],
+        ],
+        "{table}"
+    );
+}
+
+#[test]
 fn check_and_serve_report_the_same_error_with_its_position() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("broken.yaml");
