@@ -377,6 +377,9 @@ impl Settings {
                 Some(metadata) => metadata,
                 None => env.boolean("RESPONSE_DYNAMIC_METADATA")?.unwrap_or(false),
             },
+            over_limit_metadata: flags
+                .over_limit_metadata
+                .unwrap_or(entry != Entry::Reference),
         };
         let behaviour = behaviour(flags, &env)?;
         let tracing = tracing_settings(&env)?;

@@ -380,9 +380,6 @@ fn table_row(limit: &Limit) -> [String; 5] {
     if limit.unlimited {
         flags.push("unlimited".to_string());
     }
-    if limit.joint {
-        flags.push("joint".to_string());
-    }
     if limit.shadow_mode {
         flags.push("shadow".to_string());
     }

@@ -742,7 +742,6 @@ fn rate_limits_declare_several_limits_of_one_descriptor() {
                 "sliding_window_counter",
                 "50",
                 "1m30s",
-                "joint",
                 "replaces=other",
                 "detailed_metric"
             ],
@@ -751,7 +750,6 @@ fn rate_limits_declare_several_limits_of_one_descriptor() {
                 "sliding_window_counter",
                 "10",
                 "second",
-                "joint",
                 "name=burst",
                 "detailed_metric"
             ],
@@ -760,7 +758,6 @@ fn rate_limits_declare_several_limits_of_one_descriptor() {
                 "sliding_window_log",
                 "1000",
                 "hour",
-                "joint",
                 "name=sustained",
                 "detailed_metric"
             ],
@@ -857,30 +854,4 @@ fn rate_limits_errors_say_where_and_what_to_write() {
     for (descriptors, expected) in cases {
         assert_eq!(several_error(descriptors), *expected, "{descriptors}");
     }
-}
-
-#[test]
-fn the_documented_rate_limits_example_loads() {
-    let doc = include_str!("../../docs/configuration.md");
-    let section = doc
-        .split("### Several limits on one descriptor")
-        .nth(1)
-        .expect("the section");
-    let yaml = section
-        .split("```yaml\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("the example");
-    let config = Config::from_yaml("docs.yaml", yaml).unwrap();
-    let matched = config
-        .domain("edge")
-        .unwrap()
-        .resolve(&entries(&[("user", "u")]))
-        .unwrap();
-    let keys: Vec<&str> = matched
-        .limits
-        .iter()
-        .map(|l| l.series_key.as_str())
-        .collect();
-    assert_eq!(keys, ["edge.user.burst", "edge.user.sustained"]);
 }

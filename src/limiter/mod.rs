@@ -181,6 +181,10 @@ pub struct Settings {
     /// Return dynamic metadata in every response (envoyproxy/ratelimit's
     /// `RESPONSE_DYNAMIC_METADATA`); see [`Decision::dynamic_metadata`].
     pub response_dynamic_metadata: bool,
+    /// With [`Settings::response_dynamic_metadata`], also name each refused descriptor's
+    /// refusing limit in the metadata (`overLimit`). On under `tollgate serve`; off under the
+    /// `ratelimit` entry point unless asked for, so its metadata is the reference's exactly.
+    pub over_limit_metadata: bool,
 }
 
 impl Default for Settings {
@@ -192,6 +196,7 @@ impl Default for Settings {
             counting: Counting::Admitted,
             quota_mode: false,
             response_dynamic_metadata: false,
+            over_limit_metadata: true,
         }
     }
 }
@@ -814,6 +819,7 @@ impl<B: Backend> Limiter<B> {
             let over_limit: Vec<(usize, &str)> = statuses
                 .iter()
                 .enumerate()
+                .filter(|_| self.settings.over_limit_metadata)
                 .filter(|(_, status)| status.code == Code::OverLimit)
                 .filter_map(|(index, status)| {
                     let limit = status.limit.as_ref()?;

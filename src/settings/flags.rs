@@ -210,6 +210,12 @@ pub struct Flags {
     #[arg(long, env = "TOLLGATE_RESPONSE_DYNAMIC_METADATA", num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub response_dynamic_metadata: Option<bool>,
+    /// With dynamic metadata on, also name each refused descriptor's refusing limit in it
+    /// (`overLimit: [{descriptorIndex, name}]`) [default: true; false under the `ratelimit`
+    /// entry point, whose metadata is the reference's exactly].
+    #[arg(long, env = "TOLLGATE_OVER_LIMIT_METADATA", num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub over_limit_metadata: Option<bool>,
     /// Let several files (or xDS resources) declare one domain and merge their top-level
     /// descriptors [default: false; also MERGE_DOMAIN_CONFIG].
     #[arg(long, env = "TOLLGATE_MERGE_DOMAINS", num_args = 0..=1, default_missing_value = "true",

@@ -558,8 +558,18 @@ fn the_references_behaviour_switches_apply() {
     assert!(!plain.limiter.quota_mode && !plain.limiter.response_dynamic_metadata);
     assert!(!plain.load_options.merge_domains);
 
+    // `overLimit` in the metadata is tollgate's: on under `serve`, off under `ratelimit`,
+    // unless asked for.
+    assert!(plain.limiter.over_limit_metadata);
     let reference = resolve(Entry::Reference, &config_flag(), &[]).unwrap();
     assert_eq!(reference.limiter.counting, Counting::All);
+    assert!(!reference.limiter.over_limit_metadata);
+    let asked = Flags {
+        over_limit_metadata: Some(true),
+        ..config_flag()
+    };
+    let asked = resolve(Entry::Reference, &asked, &[]).unwrap();
+    assert!(asked.limiter.over_limit_metadata);
     let stop = [("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")];
     let stopped = resolve(Entry::Reference, &config_flag(), &stop).unwrap();
     assert_eq!(stopped.limiter.counting, Counting::Admitted);

@@ -926,3 +926,26 @@ fn counting_is_read_per_limit() {
         "{error}"
     );
 }
+
+/// The `rate_limits` example docs/configuration.md shows loads, with a limit per entry.
+#[test]
+fn the_documented_rate_limits_example_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");
+    let doc = fs::read_to_string(&path).expect("read docs/configuration.md");
+    let section = doc
+        .split("### Several limits on one descriptor")
+        .nth(1)
+        .expect("the section");
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the example");
+    let config = Config::from_yaml("docs.yaml", yaml).expect("the example loads");
+    let keys: Vec<&str> = config
+        .limits()
+        .iter()
+        .map(|limit| limit.series_key.as_str())
+        .collect();
+    assert_eq!(keys, ["edge.user.burst", "edge.user.sustained"]);
+}

@@ -66,12 +66,14 @@ pub fn policy(dir: &str) -> Arc<Config> {
 
 /// The settings a deployment of envoyproxy/ratelimit runs with by default, as tollgate's
 /// `ratelimit` entry point applies them: every hit counts (its
-/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`), no quota mode, no dynamic metadata, and no
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`), no quota mode, no dynamic metadata (and no
+/// `overLimit` in it when it is asked for), and no
 /// `retry-after` (the reference adds no header unless asked).
 pub fn reference_defaults() -> Settings {
     Settings {
         counting: Counting::All,
         retry_after_header: false,
+        over_limit_metadata: false,
         ..Settings::default()
     }
 }

@@ -71,19 +71,12 @@ descriptors:
         lines,
         [
             vec!["edge.path", "sliding_window_counter", "5", "minute", "-"],
-            vec![
-                "edge.user.3",
-                "sliding_window_counter",
-                "50",
-                "1m30s",
-                "joint"
-            ],
+            vec!["edge.user.3", "sliding_window_counter", "50", "1m30s", "-"],
             vec![
                 "edge.user.burst",
                 "sliding_window_counter",
                 "10",
                 "second",
-                "joint",
                 "name=burst"
             ],
             vec![
@@ -91,7 +84,6 @@ descriptors:
                 "sliding_window_log",
                 "1000",
                 "hour",
-                "joint",
                 "name=sustained"
             ],
         ],
