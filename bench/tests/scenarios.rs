@@ -486,9 +486,10 @@ fn redis_cpu() {
     for floor in &floors {
         assert!(number(floor, &["usec_per_decision"]) > 0.0, "{floor}");
     }
-    // 2 backends × 2 algorithms × (admitted with 1 and 3 descriptors, refused).
+    // 2 backends × 2 algorithms × (admitted with 1 descriptor of 1, 2, 3 limits and 3
+    // descriptors of one, refused with 1 descriptor of 1, 2, 3 limits).
     let cpu_runs = of_kind(&redis_cpu, "run");
-    assert_eq!(cpu_runs.len(), 12, "{cpu_runs:?}");
+    assert_eq!(cpu_runs.len(), 28, "{cpu_runs:?}");
     for run in &cpu_runs {
         assert!(number(run, &["script_calls"]) > 0.0, "{run}");
         assert!(number(run, &["script_usec"]) > 0.0, "{run}");
@@ -502,11 +503,30 @@ fn redis_cpu() {
         let decisions = number(run, &["load", "decisions"]);
         assert_eq!(number(run, &["script_calls"]), 3.0 * decisions, "{run}");
     }
-    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 3);
-    assert_eq!(
-        table_after(&doc, "| backend | algorithm | shards | traffic").len(),
-        12
-    );
+    // A descriptor's limits are one script call, whatever their number.
+    for run in cpu_runs
+        .iter()
+        .filter(|r| r["descriptors"] == 1 && r["limits"] != 1)
+    {
+        let decisions = number(run, &["load", "decisions"]);
+        assert_eq!(number(run, &["script_calls"]), decisions, "{run}");
+    }
+    // Each limit of a descriptor holds as many bytes as the first.
+    let bytes = of_kind(&redis_cpu, "key-bytes");
+    assert_eq!(bytes.len(), 6, "{bytes:?}");
+    for algorithm in ["counter", "log"] {
+        let of = |limits: u32| {
+            let record = bytes
+                .iter()
+                .find(|b| b["algorithm"] == algorithm && b["limits"] == limits)
+                .unwrap_or_else(|| panic!("no {algorithm} bytes for {limits} limits"));
+            number(record, &["bytes"])
+        };
+        assert!(of(1) > 0.0);
+        assert_eq!(of(3), 3.0 * of(1), "{bytes:?}");
+    }
+    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 28);
+    assert!(doc.contains("Each extra limit on one descriptor"), "{doc}");
 }
 
 #[test]

@@ -6,7 +6,10 @@
 //! calls and over the decisions tollgate made. Two traffic mixes per point: *admitted* (10,000
 //! keys under a limit no load reaches) and *refused* (one key whose limit the warmup spends, so
 //! nearly every measured hit is refused); the admitted share of each run is measured, not
-//! assumed.
+//! assumed. With one descriptor a request, each mix also runs with several limits on the
+//! descriptor (`rate_limits:`, one window each: a minute, then an hour, a day, …; in the refused
+//! mix only the first can refuse), which Redis decides in one script call; beside them, on the
+//! single server, `MEMORY USAGE` of the keys one descriptor value holds after its first hit.
 //!
 //! The floors, on the single server with redis-benchmark (one call in flight per connection):
 //! a minimal script (`TIME`, `HINCRBY`, `PEXPIRE`: the least a script that counts in a window
@@ -26,8 +29,8 @@ use tollgate_testkit::redis::RedisServer;
 use crate::doc::{Align, Table, count, fixed, measured, median, percent};
 use crate::load::summary::Summary;
 use crate::scenario::{
-    Algorithm, Bench, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of, distinct,
-    micros_per, policy, records_of, runs_of, say, uniform_shape,
+    Algorithm, Bench, DOMAIN, Phase, Scenario, ScenarioName, UNREACHABLE_LIMIT, conditions_of,
+    distinct, micros_per, policy, records_of, runs_of, say, uniform_shape,
 };
 use crate::stand::{Backend, CommandStat, Nodes, Stand, command_stats};
 
@@ -71,6 +74,11 @@ pub struct RedisCpuOptions {
     #[arg(long = "descriptors", value_delimiter = ',', default_values_t = [1u32, 3], value_parser = clap::value_parser!(u32).range(1..=16))]
     pub descriptors: Vec<u32>,
 
+    /// Limits on the descriptor when a request carries one, comma-separated (more than one:
+    /// `rate_limits:`, decided in one script call; several descriptors always have one each).
+    #[arg(long = "limits", value_delimiter = ',', default_values_t = [1u32, 2, 3], value_parser = clap::value_parser!(u32).range(1..=WINDOWS.len() as i64))]
+    pub limits: Vec<u32>,
+
     /// Calls in flight (tollgate's generator and redis-benchmark alike).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
@@ -78,6 +86,41 @@ pub struct RedisCpuOptions {
     /// HTTP/2 connections of the load generator.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub connections: u32,
+}
+
+/// The window of each limit of a `rate_limits:` list, in order (the first is the minute of a
+/// single limit): distinct, so that no two limits of a descriptor count alike.
+const WINDOWS: [&str; 6] = ["minute", "hour", "day", "week", "month", "year"];
+
+/// The policy of a point: a descriptor per entry key of `entry_keys`, each with one limit per
+/// value of `requests` (its `requests_per_unit`), of `algorithm` and `shards`. One limit is
+/// written as `rate_limit:`, as [`policy`] writes it; several as `rate_limits:`, the n-th over
+/// the n-th of [`WINDOWS`].
+fn point_policy(
+    entry_keys: &[String],
+    algorithm: Algorithm,
+    shards: u16,
+    requests: &[u64],
+) -> String {
+    if let [limit] = requests {
+        let limits: Vec<(String, Algorithm, u64, u16)> = entry_keys
+            .iter()
+            .map(|key| (key.clone(), algorithm, *limit, shards))
+            .collect();
+        return policy(&limits);
+    }
+    let mut yaml = format!("domain: {DOMAIN}\ndescriptors:\n");
+    for key in entry_keys {
+        let _ = writeln!(yaml, "  - key: {key}\n    rate_limits:");
+        for (unit, limit) in WINDOWS.iter().zip(requests) {
+            let _ = writeln!(
+                yaml,
+                "      - {{unit: {unit}, requests_per_unit: {limit}, algorithm: {}, shards: {shards}}}",
+                algorithm.policy_name()
+            );
+        }
+    }
+    yaml
 }
 
 /// The `redis-cpu` scenario.
@@ -100,11 +143,13 @@ struct Point {
     shards: u16,
     mix: Mix,
     descriptors: u32,
+    limits: u32,
 }
 
 impl RedisCpu {
-    /// Measures `point`: tollgate serving one limit per descriptor key, driven closed loop, with
-    /// Redis's statistics reset before each measured run.
+    /// Measures `point`: tollgate serving `limits` limits per descriptor key, driven closed
+    /// loop, with Redis's statistics reset before each measured run; then, on the single server
+    /// with one descriptor in the admitted mix, the bytes one descriptor value holds.
     fn measure(&self, bench: &mut Bench, point: Point) -> anyhow::Result<()> {
         let options = &self.options;
         let Point {
@@ -113,17 +158,18 @@ impl RedisCpu {
             shards,
             mix,
             descriptors,
+            limits,
         } = point;
         let (limit, keys) = match mix {
             Mix::Admitted => (UNREACHABLE_LIMIT, 10_000),
             // Enough for every shard to hold some, little enough for the warmup to spend.
             Mix::Refused => (u64::from(shards) * 10, 1),
         };
-        let entry_keys: Vec<String> = (0..descriptors).map(|i| format!("user{i}")).collect();
-        let limits: Vec<(String, Algorithm, u64, u16)> = entry_keys
-            .iter()
-            .map(|key| (key.clone(), algorithm, limit, shards))
+        // The first limit is the mix's; the others of a list never refuse.
+        let requests: Vec<u64> = (0..limits)
+            .map(|i| if i == 0 { limit } else { UNREACHABLE_LIMIT })
             .collect();
+        let entry_keys: Vec<String> = (0..descriptors).map(|i| format!("user{i}")).collect();
         // What a script call costs is measured with the local over-limit cache off: on (the
         // default), it answers the refused mix without any call (the attack scenario measures
         // that).
@@ -131,7 +177,7 @@ impl RedisCpu {
         let stand = Stand::start_with(
             &bench.servers,
             backend,
-            &policy(&limits),
+            &point_policy(&entry_keys, algorithm, shards, &requests),
             "deny",
             &cache_off,
         )?;
@@ -139,7 +185,7 @@ impl RedisCpu {
         let connections = bench
             .loader
             .connect(&[stand.grpc_addr()], options.connections)?;
-        let shape = uniform_shape(entry_keys, keys);
+        let shape = uniform_shape(entry_keys.clone(), keys);
         let phase = |duration| Phase {
             shape: shape.clone(),
             concurrency: options.concurrency,
@@ -163,6 +209,7 @@ impl RedisCpu {
                 shards,
                 mix,
                 descriptors,
+                limits,
                 run,
                 load,
                 script_calls: totals.calls,
@@ -170,7 +217,8 @@ impl RedisCpu {
                 redis_cpu_seconds,
             };
             say(&format!(
-                "  redis-cpu {backend} {} shards {shards} {} descriptors {descriptors} run {run}: \
+                "  redis-cpu {backend} {} shards {shards} {} descriptors {descriptors} limits \
+                 {limits} run {run}: \
                  {} admitted, {} calls per decision, {} µs per call, {} µs per decision, {} µs of \
                  Redis process CPU per limit",
                 algorithm.name(),
@@ -183,8 +231,52 @@ impl RedisCpu {
             ));
             bench.records.record("run", &result)?;
         }
+        if backend == Backend::Redis && mix == Mix::Admitted && descriptors == 1 {
+            // One hit on a fresh store: what one descriptor value holds in Redis.
+            stand.nodes.flush();
+            let one = uniform_shape(entry_keys, 1);
+            let load = bench.loader.drive_count(&connections, &one, 1, None, 1)?;
+            if load.ok != 1 {
+                bail!("the hit measured for its bytes was not admitted: {load:?}");
+            }
+            let server = stand.nodes.masters().first().context("no Redis server")?;
+            let held = server.keys("*");
+            let mut bytes = 0;
+            for key in &held {
+                let usage = server.cli(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+                bytes += usage
+                    .trim()
+                    .parse::<u64>()
+                    .with_context(|| format!("MEMORY USAGE {key}: {usage}"))?;
+            }
+            let record = KeyBytes {
+                algorithm,
+                limits,
+                keys: held.len() as u64,
+                bytes,
+            };
+            say(&format!(
+                "  redis-cpu bytes {} limits {limits}: {bytes} B in {} keys",
+                algorithm.name(),
+                record.keys
+            ));
+            bench.records.record("key-bytes", &record)?;
+        }
         Ok(())
     }
+}
+
+/// What one descriptor value holds in Redis (the single server) after its first hit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeyBytes {
+    /// The algorithm of every limit.
+    pub algorithm: Algorithm,
+    /// Limits on the descriptor.
+    pub limits: u32,
+    /// Keys the value holds.
+    pub keys: u64,
+    /// Their `MEMORY USAGE` (`SAMPLES 0`), summed.
+    pub bytes: u64,
 }
 
 /// The traffic of a point.
@@ -217,8 +309,11 @@ pub struct RedisCpuRun {
     pub shards: u16,
     /// The traffic.
     pub mix: Mix,
-    /// Descriptors per request, each a limit of its own.
+    /// Descriptors per request.
     pub descriptors: u32,
+    /// Limits on each descriptor (records older than the field had one).
+    #[serde(default = "one_limit")]
+    pub limits: u32,
     /// Run number, from 1.
     pub run: u32,
     /// What the load generator saw.
@@ -230,6 +325,10 @@ pub struct RedisCpuRun {
     /// CPU seconds of every Redis process over the run, from their `INFO cpu`: the scripts and
     /// the work around each command (reading, parsing, answering).
     pub redis_cpu_seconds: f64,
+}
+
+fn one_limit() -> u32 {
+    1
 }
 
 impl RedisCpuRun {
@@ -250,11 +349,11 @@ impl RedisCpuRun {
         (self.load.decisions > 0).then(|| self.script_usec as f64 / self.load.decisions as f64)
     }
 
-    /// Redis processes' CPU per limit decided (one per descriptor of each decision).
+    /// Redis processes' CPU per limit decided (each limit of each descriptor of a decision).
     fn process_usec_per_limit(&self) -> Option<f64> {
         micros_per(
             self.redis_cpu_seconds,
-            self.load.decisions * u64::from(self.descriptors),
+            self.load.decisions * u64::from(self.descriptors) * u64::from(self.limits),
         )
     }
 }
@@ -427,14 +526,22 @@ impl Scenario for RedisCpu {
                             Mix::Refused => vec![1],
                         };
                         for descriptors in descriptors {
-                            let point = Point {
-                                backend,
-                                algorithm,
-                                shards,
-                                mix,
-                                descriptors,
+                            let limits = if descriptors == 1 {
+                                options.limits.clone()
+                            } else {
+                                vec![1]
                             };
-                            self.measure(bench, point)?;
+                            for limits in limits {
+                                let point = Point {
+                                    backend,
+                                    algorithm,
+                                    shards,
+                                    mix,
+                                    descriptors,
+                                    limits,
+                                };
+                                self.measure(bench, point)?;
+                            }
                         }
                     }
                 }
@@ -453,56 +560,46 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
     let conditions = conditions_of(records)?;
     let runs: Vec<RedisCpuRun> = runs_of(records, "redis-cpu")?;
     let floors: Vec<Floor> = records_of(records, "floor")?;
+    let key_bytes: Vec<KeyBytes> = records_of(records, "key-bytes")?;
     let mut out = String::new();
     let _ = writeln!(out, "### Redis CPU per decision\n");
+    let floor_cells: Vec<String> = distinct(floors.iter().map(|f| f.name.as_str()))
+        .into_iter()
+        .map(|name| {
+            let usec = median(
+                floors
+                    .iter()
+                    .filter(|f| f.name == name)
+                    .map(|f| f.usec_per_decision),
+            );
+            format!("{name} {}", fixed(usec, 2))
+        })
+        .collect();
     let _ = writeln!(
         out,
         "{} Redis CPU from `INFO commandstats`, reset before each run: the microseconds spent in \
          `evalsha` and `eval` (a script's own commands included) over every master, per script \
          call and per decision; *Redis process*: the CPU of every Redis process from its `INFO \
-         cpu`, which adds the work around each command (reading, parsing, answering), per limit decided (one \
-         per descriptor). *Admitted*: 10,000 keys per descriptor under a limit no load reaches, \
-         one descriptor a request or several (each a limit of its own and a script call of its own; on one \
-         server a request's calls go in one pipeline); *refused*: one \
-         descriptor, one key whose limit (10 a minute per shard) the warmup spends. tollgate \
-         runs with its local over-limit cache off (`--local-cache-bytes 0`), so that every \
-         refused hit is a script call. *Floors*, on the single server in the same run with redis-benchmark: a minimal script \
-         (`TIME`, `HINCRBY`, `PEXPIRE`), the commands an admitted hit of the log runs with no \
-         decision between them, and envoyproxy/ratelimit's `INCRBY` + `EXPIRE` per decision.\n",
+         cpu`, which adds the work around each command (reading, parsing, answering), per limit \
+         decided (each limit of each descriptor). *Admitted*: 10,000 keys per descriptor under \
+         a limit no load reaches, one descriptor a request or several (each a limit of its own \
+         and a script call of its own; on one server a request's calls go in one pipeline); \
+         *refused*: one descriptor, one key whose limit (10 a minute per shard) the warmup \
+         spends. *Limits*: on the one descriptor, a `rate_limits:` list (one script call; \
+         windows a minute, an hour, a day), the first limit the mix's, the others out of reach. \
+         tollgate runs with its local over-limit cache off (`--local-cache-bytes 0`), so that \
+         every refused hit is a script call. *Floors*, on the single server in the same run with \
+         redis-benchmark, in Redis µs per decision: {}.\n",
         measured(&conditions),
+        floor_cells.join("; "),
     );
-    let mut table = Table::new(&[
-        ("floor", Align::Left),
-        ("Redis µs per decision", Align::Right),
-    ]);
-    let mut names: Vec<&str> = Vec::new();
-    for floor in &floors {
-        if !names.contains(&floor.name.as_str()) {
-            names.push(&floor.name);
-        }
-    }
-    for name in names {
-        table.row(vec![
-            name.to_owned(),
-            fixed(
-                median(
-                    floors
-                        .iter()
-                        .filter(|f| f.name == name)
-                        .map(|f| f.usec_per_decision),
-                ),
-                2,
-            ),
-        ]);
-    }
-    out.push_str(&table.render());
-    out.push('\n');
     let mut table = Table::new(&[
         ("backend", Align::Left),
         ("algorithm", Align::Left),
         ("shards", Align::Right),
         ("traffic", Align::Left),
         ("descriptors", Align::Right),
+        ("limits", Align::Right),
         ("admitted", Align::Right),
         ("decisions/s", Align::Right),
         ("script calls per decision", Align::Right),
@@ -510,21 +607,40 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ("Redis µs per decision", Align::Right),
         ("Redis process µs per limit", Align::Right),
     ]);
-    let point = |r: &RedisCpuRun| (r.backend, r.algorithm, r.shards, r.mix, r.descriptors);
-    for at in distinct(runs.iter().map(point)) {
+    type At = (Backend, Algorithm, u16, Mix, u32, u32);
+    let point = |r: &RedisCpuRun| -> At {
+        (
+            r.backend,
+            r.algorithm,
+            r.shards,
+            r.mix,
+            r.descriptors,
+            r.limits,
+        )
+    };
+    let per_decision = |at: At| {
+        median(
+            runs.iter()
+                .filter(|r| point(r) == at)
+                .filter_map(|r| r.usec_per_decision()),
+        )
+    };
+    let points = distinct(runs.iter().map(point));
+    for &at in &points {
         let of: Vec<&RedisCpuRun> = runs.iter().filter(|r| point(r) == at).collect();
-        let (backend, algorithm, shards, mix, descriptors) = at;
+        let (backend, algorithm, shards, mix, descriptors, limits) = at;
         table.row(vec![
             backend.to_string(),
             algorithm.name().to_owned(),
             shards.to_string(),
             mix.name().to_owned(),
             descriptors.to_string(),
+            limits.to_string(),
             percent(median(of.iter().filter_map(|r| r.admitted_share()))),
             count(median(of.iter().map(|r| r.load.decisions_per_second))),
             fixed(median(of.iter().filter_map(|r| r.calls_per_decision())), 2),
             fixed(median(of.iter().filter_map(|r| r.usec_per_call())), 2),
-            fixed(median(of.iter().filter_map(|r| r.usec_per_decision())), 2),
+            fixed(per_decision(at), 2),
             fixed(
                 median(of.iter().filter_map(|r| r.process_usec_per_limit())),
                 2,
@@ -532,7 +648,118 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
         ]);
     }
     out.push_str(&table.render());
+    let extras = extra_limits(&points, per_decision);
+    if !extras.is_empty() || !key_bytes.is_empty() {
+        out.push('\n');
+        if !extras.is_empty() {
+            let _ = write!(
+                out,
+                "Each extra limit on one descriptor, same run, in Redis µs per decision (at n \
+                 limits less at one, over n − 1; beside one limit's): {}.",
+                extras.join("; ")
+            );
+        }
+        let bytes = bytes_per_limit(&key_bytes);
+        if !bytes.is_empty() {
+            let _ = write!(
+                out,
+                "{}Bytes one descriptor value holds in Redis after its first hit (`MEMORY USAGE` \
+                 of its keys, the single server): {}.",
+                if extras.is_empty() { "" } else { " " },
+                bytes.join("; ")
+            );
+        }
+        out.push('\n');
+    }
     Ok(out)
+}
+
+/// Per backend, algorithm, shards and mix with one descriptor and several limit counts: what
+/// each extra limit adds to one limit's Redis µs per decision, and its ratio to that.
+fn extra_limits(
+    points: &[(Backend, Algorithm, u16, Mix, u32, u32)],
+    per_decision: impl Fn((Backend, Algorithm, u16, Mix, u32, u32)) -> Option<f64>,
+) -> Vec<String> {
+    let groups = distinct(
+        points
+            .iter()
+            .filter(|p| p.4 == 1)
+            .map(|&(backend, algorithm, shards, mix, _, _)| (backend, algorithm, shards, mix)),
+    );
+    let mut out = Vec::new();
+    for (backend, algorithm, shards, mix) in groups {
+        let Some(first) = per_decision((backend, algorithm, shards, mix, 1, 1)) else {
+            continue;
+        };
+        let mut cells = Vec::new();
+        for &(.., limits) in points.iter().filter(|p| {
+            (p.0, p.1, p.2, p.3, p.4) == (backend, algorithm, shards, mix, 1) && p.5 > 1
+        }) {
+            let Some(at) = per_decision((backend, algorithm, shards, mix, 1, limits)) else {
+                continue;
+            };
+            let extra = (at - first) / f64::from(limits - 1);
+            cells.push(format!(
+                "{limits} limits +{} ({}×)",
+                fixed(Some(extra), 2),
+                fixed(Some(extra / first), 2)
+            ));
+        }
+        if !cells.is_empty() {
+            let sharded = if shards > 1 {
+                format!(" `shards: {shards}`")
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                "{backend} {}{sharded} {}, one limit {}: {}",
+                algorithm.name(),
+                mix.name(),
+                fixed(Some(first), 2),
+                cells.join(", ")
+            ));
+        }
+    }
+    out
+}
+
+/// Per algorithm, the bytes and keys of each limit count measured, and what each extra limit
+/// adds to one limit's bytes.
+fn bytes_per_limit(key_bytes: &[KeyBytes]) -> Vec<String> {
+    let mut out = Vec::new();
+    for algorithm in distinct(key_bytes.iter().map(|k| k.algorithm)) {
+        let of: Vec<&KeyBytes> = key_bytes
+            .iter()
+            .filter(|k| k.algorithm == algorithm)
+            .collect();
+        let bytes = |limits: u32| {
+            median(
+                of.iter()
+                    .filter(|k| k.limits == limits)
+                    .map(|k| k.bytes as f64),
+            )
+        };
+        let mut cells = Vec::new();
+        for limits in distinct(of.iter().map(|k| k.limits)) {
+            let keys = of.iter().find(|k| k.limits == limits).map_or(0, |k| k.keys);
+            let mut cell = format!(
+                "{limits} limit{} {} B in {keys} key{}",
+                if limits == 1 { "" } else { "s" },
+                count(bytes(limits)),
+                if keys == 1 { "" } else { "s" },
+            );
+            if let (true, Some(first), Some(at)) = (limits > 1, bytes(1), bytes(limits)) {
+                let _ = write!(
+                    cell,
+                    " (+{} B a limit)",
+                    count(Some((at - first) / f64::from(limits - 1)))
+                );
+            }
+            cells.push(cell);
+        }
+        out.push(format!("{} {}", algorithm.name(), cells.join(", ")));
+    }
+    out
 }
 /// The `redis-benchmark` binary: `$TOLLGATE_REDIS_BENCHMARK`, else the one on the `PATH`.
 pub fn redis_benchmark_bin() -> anyhow::Result<std::path::PathBuf> {
