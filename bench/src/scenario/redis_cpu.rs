@@ -7,7 +7,7 @@
 //! keys under a limit no load reaches) and *refused* (one key whose limit the warmup spends, so
 //! nearly every measured hit is refused); the admitted share of each run is measured, not
 //! assumed. With one descriptor a request, each mix also runs with several limits on the
-//! descriptor (`rate_limits:`, one window each: a minute, then an hour, a day, …; in the refused
+//! descriptor (`rate_limits:`, one window each: 60 s, then 120 s, 180 s, …; in the refused
 //! mix only the first can refuse), which Redis decides in one script call; beside them, on the
 //! single server, `MEMORY USAGE` of the keys one descriptor value holds after its first hit.
 //!
@@ -89,8 +89,11 @@ pub struct RedisCpuOptions {
 }
 
 /// The window of each limit of a `rate_limits:` list, in order (the first is the minute of a
-/// single limit): distinct, so that no two limits of a descriptor count alike.
-const WINDOWS: [&str; 6] = ["minute", "hour", "day", "week", "month", "year"];
+/// single limit): distinct, so that no two limits of a descriptor count alike, and short, so
+/// that the counter's integers stay below 2^53 at the unreachable limit and every limit takes
+/// the script's plain path, as a lone limit does (an hour at 4e9 a window would take the exact
+/// wide-integer path and measure that instead of the extra limit).
+const WINDOWS: [&str; 6] = ["60s", "120s", "180s", "240s", "300s", "360s"];
 
 /// The policy of a point: a descriptor per entry key of `entry_keys`, each with one limit per
 /// value of `requests` (its `requests_per_unit`), of `algorithm` and `shards`. One limit is
@@ -112,10 +115,10 @@ fn point_policy(
     let mut yaml = format!("domain: {DOMAIN}\ndescriptors:\n");
     for key in entry_keys {
         let _ = writeln!(yaml, "  - key: {key}\n    rate_limits:");
-        for (unit, limit) in WINDOWS.iter().zip(requests) {
+        for (window, limit) in WINDOWS.iter().zip(requests) {
             let _ = writeln!(
                 yaml,
-                "      - {{unit: {unit}, requests_per_unit: {limit}, algorithm: {}, shards: {shards}}}",
+                "      - {{window: {window}, requests_per_unit: {limit}, algorithm: {}, shards: {shards}}}",
                 algorithm.policy_name()
             );
         }
@@ -586,7 +589,7 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          and a script call of its own; on one server a request's calls go in one pipeline); \
          *refused*: one descriptor, one key whose limit (10 a minute per shard) the warmup \
          spends. *Limits*: on the one descriptor, a `rate_limits:` list (one script call; \
-         windows a minute, an hour, a day), the first limit the mix's, the others out of reach. \
+         windows 60 s, 120 s, 180 s), the first limit the mix's, the others out of reach. \
          tollgate runs with its local over-limit cache off (`--local-cache-bytes 0`), so that \
          every refused hit is a script call. *Floors*, on the single server in the same run with \
          redis-benchmark, in Redis µs per decision: {}.\n",
