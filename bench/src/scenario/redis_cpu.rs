@@ -76,7 +76,7 @@ pub struct RedisCpuOptions {
 
     /// Limits on the descriptor when a request carries one, comma-separated (more than one:
     /// `rate_limits:`, decided in one script call; several descriptors always have one each).
-    #[arg(long = "limits", value_delimiter = ',', default_values_t = [1u32, 2, 3], value_parser = clap::value_parser!(u32).range(1..=WINDOWS.len() as i64))]
+    #[arg(long = "limits", value_delimiter = ',', default_values_t = [1u32, 2], value_parser = clap::value_parser!(u32).range(1..=WINDOWS.len() as i64))]
     pub limits: Vec<u32>,
 
     /// Calls in flight (tollgate's generator and redis-benchmark alike).
