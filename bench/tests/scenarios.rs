@@ -486,10 +486,10 @@ fn redis_cpu() {
     for floor in &floors {
         assert!(number(floor, &["usec_per_decision"]) > 0.0, "{floor}");
     }
-    // 2 backends × 2 algorithms × (admitted with 1 descriptor of 1, 2, 3 limits and 3
-    // descriptors of one, refused with 1 descriptor of 1, 2, 3 limits).
+    // 2 backends × 2 algorithms × (admitted with 1 descriptor of 1 and 2 limits and 3
+    // descriptors of one, refused with 1 descriptor of 1 and 2 limits).
     let cpu_runs = of_kind(&redis_cpu, "run");
-    assert_eq!(cpu_runs.len(), 28, "{cpu_runs:?}");
+    assert_eq!(cpu_runs.len(), 20, "{cpu_runs:?}");
     for run in &cpu_runs {
         assert!(number(run, &["script_calls"]) > 0.0, "{run}");
         assert!(number(run, &["script_usec"]) > 0.0, "{run}");
@@ -513,7 +513,7 @@ fn redis_cpu() {
     }
     // Each limit of a descriptor holds as many bytes as the first.
     let bytes = of_kind(&redis_cpu, "key-bytes");
-    assert_eq!(bytes.len(), 6, "{bytes:?}");
+    assert_eq!(bytes.len(), 4, "{bytes:?}");
     for algorithm in ["counter", "log"] {
         let of = |limits: u32| {
             let record = bytes
@@ -523,9 +523,9 @@ fn redis_cpu() {
             number(record, &["bytes"])
         };
         assert!(of(1) > 0.0);
-        assert_eq!(of(3), 3.0 * of(1), "{bytes:?}");
+        assert_eq!(of(2), 2.0 * of(1), "{bytes:?}");
     }
-    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 28);
+    assert_eq!(table_after(&doc, "### Redis CPU per decision").len(), 20);
     assert!(doc.contains("Each extra limit on one descriptor"), "{doc}");
 }
 
