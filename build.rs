@@ -2,9 +2,9 @@
 //! tollgate needs no `protoc` on the machine: Envoy's RLS v3 (the service tollgate serves) and
 //! the xDS messages its policy client speaks (ADS, RateLimitConfig).
 //!
-//! The descriptor set written out for gRPC server reflection holds only the RLS file and what it
-//! imports: reflection lists every service of the files it is given, and tollgate does not serve
-//! the ADS service (it is its client).
+//! The descriptor set written out for gRPC server reflection holds only the files of the services
+//! tollgate serves (RLS and RLQS) and what they import: reflection lists every service of the
+//! files it is given, and tollgate does not serve the ADS service (it is its client).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -12,12 +12,14 @@ use std::path::PathBuf;
 use prost::Message;
 use prost_types::FileDescriptorSet;
 
-/// The file of the service tollgate serves.
+/// The files of the services tollgate serves: RLS and the Rate Limit Quota Service.
 const RLS: &str = "envoy/service/ratelimit/v3/rls.proto";
+const RLQS: &str = "envoy/service/rate_limit_quota/v3/rlqs.proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         RLS,
+        RLQS,
         "envoy/service/discovery/v3/ads.proto",
         "ratelimit/config/ratelimit/v3/rls_conf.proto",
     ];
@@ -35,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out_dir.join("rls_descriptor.bin"),
-        only_with_imports(&descriptors, RLS).encode_to_vec(),
+        only_with_imports(&descriptors, &[RLS, RLQS]).encode_to_vec(),
     )?;
     // Every file, for the tests that pin the vendored messages to the upstream field numbers.
     std::fs::write(
@@ -50,11 +52,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The files of `set` that `root` needs: itself and everything it imports, transitively.
-fn only_with_imports(set: &FileDescriptorSet, root: &str) -> FileDescriptorSet {
+/// The files of `set` that `roots` need: themselves and everything they import, transitively.
+fn only_with_imports(set: &FileDescriptorSet, roots: &[&str]) -> FileDescriptorSet {
     let by_name: HashMap<&str, _> = set.file.iter().map(|f| (f.name(), f)).collect();
     let mut needed = BTreeSet::new();
-    let mut pending = vec![root];
+    let mut pending = roots.to_vec();
     while let Some(name) = pending.pop() {
         if needed.insert(name)
             && let Some(file) = by_name.get(name)

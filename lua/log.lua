@@ -12,11 +12,12 @@
 --          entry of L+1 is in the window usage is above L, just as with any larger cost)
 -- ARGV[4]  counting: 0 = record admitted hits only; 1 = record refused hits too (a debit that
 --          does not fit is still charged, as envoyproxy/ratelimit counts); absent = 0
--- ARGV[5]  ahead: 0 for an ordinary hit; for a leased slice, the lease time in ms (at most
---          a tenth of the window and 1000, below the margin; a larger one is read as that): the
---          entry is stamped this far after the decision, because the slice's hits may be
---          admitted until then and must stay in the window as long as hits admitted then would;
---          absent = 0
+-- ARGV[5]  ahead: 0 for an ordinary hit; for a slice (leased, or an RLQS assignment), the time
+--          in ms its hits may be admitted after the decision (at most a quarter of the window
+--          and 4000, below the margin; a larger one is read as that; the caller sends a lease's
+--          at most a tenth and 1000): the entry is stamped this far after the decision, because
+--          the slice's hits may be admitted until then and must stay in the window as long as
+--          hits admitted then would; absent = 0
 -- ARGV[6]  refund horizon H in ms: 0 (or absent) for a final charge, which nothing gives back;
 --          above 0 for a tentative one (a hit of a request with other limits, a leased slice):
 --          the charge may be given back (log_refund.lua) until F = stamp + H and never after,
@@ -56,12 +57,13 @@
 -- time x is inside the window at t iff x > t - W; entries stamped ahead count in full from the
 -- moment they are added. The margin M is min(5 s, W): an idle log's keys are gone 3W after its
 -- last hit at most for short windows, and the margin of long windows is what it always was.
--- Every key outlives its newest entry's stay in the window (ahead is at most W/10, below M, so
+-- Every key outlives its newest entry's stay in the window (ahead is at most W/4, below M, so
 -- a later call's PEXPIRE never cuts an earlier entry short), and both keys always carry the
 -- same expiry. A recorded hit sets the expiry a second M later, stamp + W + 2M, and records it
--- as "exp"; every other call that sets an expiry (the drop of expired entries below, a test's
--- call, the versions before "exp") sets at least its now + W + M. Neither key therefore expires
--- before exp - M - max_ahead, and a recorded hit whose entry leaves the window EXP_SLACK_MS
+-- as "exp" (an entry stamped further ahead than a lease's time, E = min(W/10, 1 s), records
+-- now + E + W + 2M, less than it sets); every other call that sets an expiry (the drop of
+-- expired entries below, a test's call, the versions before "exp") sets at least its
+-- now + W + M. Neither key therefore expires before exp - M - E, and a recorded hit whose entry leaves the window EXP_SLACK_MS
 -- before that need not set the expiry again: for about three seconds after each setting, a hit runs two commands fewer
 -- (counted on redis-server, about 5,600 instructions a call, 5%, when a log is hit about every
 -- second; a log hit less often than every three seconds pays about 1% for "exp"). Costs,
@@ -74,7 +76,8 @@ if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
 end
 
 local MAX_MARGIN_MS = 5000 -- keys outlive their newest entry by min(this, W)
-local MAX_AHEAD_MS = 1000 -- the longest lease time: a larger ARGV[5] is read as this
+local MAX_AHEAD_MS = 4000 -- the longest time ahead: a larger ARGV[5] is read as this
+local LEASE_AHEAD_MS = 1000 -- the longest time ahead "exp" accounts for (a lease's)
 local EXP_SLACK_MS = 1000 -- an entry leaves this long before its keys may, to skip PEXPIREAT
 local SCAN = 64 -- the most entries read per step when looking for the retry time
 
@@ -109,12 +112,17 @@ if window < MAX_MARGIN_MS then
   margin = window
 end
 local max_ahead = MAX_AHEAD_MS
-if window < 10 * MAX_AHEAD_MS then
-  max_ahead = math.max(1, math.floor(window / 10))
+if window < 4 * MAX_AHEAD_MS then
+  max_ahead = math.max(1, math.floor(window / 4))
 end
 local ahead = 0
 if ARGV[5] and ARGV[5] ~= '0' then
   ahead = math.min(tonumber(ARGV[5]) or 0, max_ahead)
+end
+-- What "exp" allows for the time ahead of the entry that recorded it (see the invariants).
+local exp_ahead = LEASE_AHEAD_MS
+if window < 10 * LEASE_AHEAD_MS then
+  exp_ahead = math.max(1, math.floor(window / 10))
 end
 local horizon = 0
 if ARGV[6] and ARGV[6] ~= '0' then
@@ -214,12 +222,19 @@ if entry > 0 then
     local ttl = string.format(INT, window + (stamp - now) + 2 * margin)
     redis.call('PEXPIRE', meta, ttl)
     redis.call('PEXPIRE', log, ttl)
-  elseif exp and stamp + window + EXP_SLACK_MS + margin + max_ahead <= exp then
+  elseif exp and stamp + window + EXP_SLACK_MS + margin + exp_ahead <= exp then
     -- the keys outlive this entry's stay already (see the invariants)
     redis.call('HSET', meta, 'sum', used_text, 'seq', text_id)
   else
     local at = string.format(INT, stamp + window + 2 * margin)
-    redis.call('HSET', meta, 'sum', used_text, 'seq', text_id, 'exp', at)
+    -- "exp" counts at most exp_ahead of this entry's time ahead, so that a later writer's
+    -- expiry (its now + W + M at least) is never more than M + exp_ahead before it; an entry
+    -- stamped further ahead (an RLQS slice) keeps its longer expiry on the keys.
+    local recorded = at
+    if stamp - now > exp_ahead then
+      recorded = string.format(INT, now + exp_ahead + window + 2 * margin)
+    end
+    redis.call('HSET', meta, 'sum', used_text, 'seq', text_id, 'exp', recorded)
     redis.call('PEXPIREAT', meta, at)
     redis.call('PEXPIREAT', log, at)
   end

@@ -1,5 +1,5 @@
-//! The protobuf types and gRPC stubs, generated at build time from `proto/`: Envoy's RLS v3 (the
-//! service tollgate serves) and the xDS messages of its policy client (ADS, `RateLimitConfig`).
+//! The protobuf types and gRPC stubs, generated at build time from `proto/`: Envoy's RLS v3 and
+//! Rate Limit Quota Service (the services tollgate serves) and the xDS messages of its policy client (ADS, `RateLimitConfig`).
 //! The module tree mirrors the protobuf packages because the generated code refers to its
 //! neighbours by relative paths.
 
@@ -16,6 +16,11 @@ pub mod envoy {
         pub mod discovery {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }
@@ -90,6 +95,15 @@ pub use envoy::r#type::v3::RateLimitUnit;
 
 /// The full gRPC name of the rate-limit service.
 pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// Envoy's Rate Limit Quota Service (`envoy.filters.http.rate_limit_quota`'s server side).
+pub mod rlqs {
+    pub use super::envoy::service::rate_limit_quota::v3::*;
+    pub use super::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
+}
+
+/// The full gRPC name of the Rate Limit Quota Service.
+pub const RLQS_SERVICE_NAME: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
 
 /// The encoded `FileDescriptorSet` of every proto above, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
@@ -328,6 +342,116 @@ mod tests {
             .get_service_by_name(super::RLS_SERVICE_NAME)
             .expect("the RLS service");
         assert!(service.methods().any(|m| m.name() == "ShouldRateLimit"));
+    }
+
+    /// Envoy's RLQS wire contract (data-plane-api's rlqs.proto, ratelimit_strategy.proto and
+    /// token_bucket.proto), field by field.
+    const RLQS_FIELDS: &[(&str, &str, u32)] = &[
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports",
+            "domain",
+            1,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports",
+            "bucket_quota_usages",
+            2,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports.BucketQuotaUsage",
+            "bucket_id",
+            1,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports.BucketQuotaUsage",
+            "time_elapsed",
+            2,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports.BucketQuotaUsage",
+            "num_requests_allowed",
+            3,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports.BucketQuotaUsage",
+            "num_requests_denied",
+            4,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse",
+            "bucket_action",
+            1,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction",
+            "bucket_id",
+            1,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction",
+            "quota_assignment_action",
+            2,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction",
+            "abandon_action",
+            3,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction.QuotaAssignmentAction",
+            "assignment_time_to_live",
+            2,
+        ),
+        (
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction.QuotaAssignmentAction",
+            "rate_limit_strategy",
+            3,
+        ),
+        ("envoy.service.rate_limit_quota.v3.BucketId", "bucket", 1),
+        ("envoy.type.v3.RateLimitStrategy", "blanket_rule", 1),
+        (
+            "envoy.type.v3.RateLimitStrategy",
+            "requests_per_time_unit",
+            2,
+        ),
+        ("envoy.type.v3.RateLimitStrategy", "token_bucket", 3),
+        ("envoy.type.v3.TokenBucket", "max_tokens", 1),
+        ("envoy.type.v3.TokenBucket", "tokens_per_fill", 2),
+        ("envoy.type.v3.TokenBucket", "fill_interval", 3),
+    ];
+
+    #[test]
+    fn vendored_rlqs_protos_match_envoys_field_numbers() {
+        let pool = DescriptorPool::decode(super::FILE_DESCRIPTOR_SET).expect("descriptor set");
+        for (message, field, number) in RLQS_FIELDS {
+            let descriptor = pool
+                .get_message_by_name(message)
+                .unwrap_or_else(|| panic!("{message} is missing"));
+            let found = descriptor
+                .get_field_by_name(field)
+                .unwrap_or_else(|| panic!("{message}.{field} is missing"));
+            assert_eq!(found.number(), *number, "{message}.{field}");
+        }
+        let rule = pool
+            .get_enum_by_name("envoy.type.v3.RateLimitStrategy.BlanketRule")
+            .expect("BlanketRule");
+        let values: Vec<(String, i32)> = rule
+            .values()
+            .map(|v| (v.name().to_string(), v.number()))
+            .collect();
+        assert_eq!(
+            values,
+            [("ALLOW_ALL".to_string(), 0), ("DENY_ALL".to_string(), 1)]
+        );
+        // Reflection lists the quota service beside RLS.
+        let service = pool
+            .get_service_by_name(super::RLQS_SERVICE_NAME)
+            .expect("the RLQS service");
+        assert!(
+            service
+                .methods()
+                .any(|m| m.name() == "StreamRateLimitQuotas")
+        );
     }
 
     /// The xDS wire contract: data-plane-api's discovery messages and node, googleapis' status,

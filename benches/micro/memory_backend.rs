@@ -29,6 +29,7 @@ fn hits(keys: usize, algorithm: Algorithm, limit: u64, shards: u16) -> Vec<Hit> 
             tentative: false,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         })
         .collect()
 }

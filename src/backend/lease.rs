@@ -50,6 +50,29 @@ pub fn lease_ms(window_ms: u64) -> u64 {
     (window_ms / 10).clamp(1, MAX_LEASE_MS)
 }
 
+/// The furthest ahead a store stamps a slice that a client spends itself ([`Hit::slice`], an
+/// RLQS assignment): Envoy counts an assignment's life in whole seconds from when it arrives, so
+/// the slice needs its lifetime and its delivery ahead, more than a lease's second. Below the
+/// five seconds the Redis log keeps its keys beyond their newest entry.
+pub const MAX_SLICE_AHEAD_MS: u64 = 4000;
+
+/// How far after its decision a store stamps `hit`'s charge: 0 for an ordinary hit; for a
+/// leased slice its lease, at most a tenth of the window and [`MAX_LEASE_MS`]; for a client's
+/// slice ([`Hit::slice`]) at most a quarter of the window and [`MAX_SLICE_AHEAD_MS`]. What a log
+/// holds its units for beyond the hits they admit, so it stays small against the window. The
+/// Redis log script caps what it is sent the same way.
+pub fn ahead_ms(hit: &Hit) -> u64 {
+    if hit.slice {
+        hit.lease_ms
+            .min(MAX_SLICE_AHEAD_MS)
+            .min((hit.window_ms / 4).max(1))
+    } else {
+        hit.lease_ms
+            .min(MAX_LEASE_MS)
+            .min((hit.window_ms / 10).max(1))
+    }
+}
+
 /// The process-wide metrics of leasing (one leasing layer per process in practice; tests make
 /// more and share these).
 #[derive(Debug, Default)]
@@ -164,10 +187,10 @@ impl<B> std::fmt::Debug for Leased<B> {
 }
 
 /// The units a hit asks for, if it is one a lease answers (a check consumes nothing and goes to
-/// the store as it is).
+/// the store as it is, and so does a slice a client spends itself).
 fn leased_cost(hit: &Hit) -> Option<u64> {
     match hit.cost {
-        Cost::Consume(units) if units > 0 && hit.lease_ms > 0 => Some(units),
+        Cost::Consume(units) if units > 0 && hit.lease_ms > 0 && !hit.slice => Some(units),
         _ => None,
     }
 }
@@ -640,6 +663,7 @@ mod tests {
             tentative: false,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         }
     }
 
@@ -729,6 +753,7 @@ mod tests {
                 tentative: true,
                 group: 0,
                 descriptor_tag: false,
+                slice: false,
                 ..leased_hit("a", algorithm, 1000)
             };
             let kept = one(&backend, &hit).await;

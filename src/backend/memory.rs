@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use hashbrown::HashTable;
 
 use crate::backend::shard::{self, ShardKeys};
-use crate::backend::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt};
+use crate::backend::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, lease};
 use crate::clock::{Clock, SystemClock};
 use crate::window::{self, Algorithm, Cost, Counting};
 
@@ -286,7 +286,16 @@ impl MemoryBackend {
                 shard.decide_counter(id, hit.limit, window_ms, cost, hit.counting, now)
             }
             Algorithm::SlidingWindowLog => {
-                shard.decide_log(id, hit.limit, window_ms, cost, hit.counting, now)
+                // Only a client's slice is stamped ahead here: leases are off in one process.
+                let ahead = if hit.slice { lease::ahead_ms(hit) } else { 0 };
+                let logged = LogHit {
+                    limit: hit.limit,
+                    window_ms,
+                    cost,
+                    counting: hit.counting,
+                    ahead_ms: ahead,
+                };
+                shard.decide_log(id, &logged, now)
             }
         };
         // A token comes only with an admitted charge: nothing gives a refused one back.
@@ -794,27 +803,27 @@ impl Shard {
 
     /// Decides a log hit, recording a refused one too under [`Counting::All`]; answers the
     /// entry's id when an admitted hit consumed something.
-    fn decide_log(
-        &mut self,
-        id: Id,
-        limit: u64,
-        window_ms: u64,
-        cost: Cost,
-        counting: Counting,
-        now_ms: u64,
-    ) -> (window::Verdict, Option<u64>) {
+    fn decide_log(&mut self, id: Id, hit: &LogHit, now_ms: u64) -> (window::Verdict, Option<u64>) {
+        let LogHit {
+            limit,
+            window_ms,
+            cost,
+            counting,
+            ahead_ms,
+        } = *hit;
         let log = self.log_of(id);
         if let Some(log) = log {
             // Pruning only gives nodes back to the shard; the pages held do not change.
             self.logs.prune(log, window_ms, now_ms);
         }
         let logs = &self.logs;
-        let verdict = window::log_decide_live(
+        let newest_ms = log.and_then(|log| logs.newest_ms(log));
+        let mut verdict = window::log_decide_live(
             limit,
             window_ms,
             now_ms,
             log.map_or(0, |log| logs.used(log)),
-            log.and_then(|log| logs.newest_ms(log)),
+            newest_ms,
             log.into_iter().flat_map(|log| logs.entries(log)),
             cost,
             counting,
@@ -827,10 +836,18 @@ impl Shard {
             (false, Counting::All) => window::log_refused_cost(limit, units),
             (false, Counting::Admitted) => return (verdict, None),
         };
+        // A slice is stamped when its last hit may come, and every entry at least at the
+        // newest one's time, so that the log stays in time order (a later stamp only keeps
+        // units in the window longer: fewer admissions, never more).
+        let mut time_ms = now_ms.max(newest_ms.unwrap_or(0));
+        if verdict.admitted && ahead_ms > 0 {
+            time_ms = time_ms.max(now_ms.saturating_add(ahead_ms));
+            verdict.reset_ms = window_ms.saturating_add(time_ms - now_ms);
+        }
         let entry_id = self.next_entry_id;
         self.next_entry_id = self.next_entry_id.wrapping_add(1);
         let entry = LogEntry {
-            time_ms: now_ms,
+            time_ms,
             cost: entry_cost,
             id: entry_id,
         };
@@ -936,6 +953,17 @@ impl Shard {
             }
         }
     }
+}
+
+/// What a log decides one hit by.
+#[derive(Debug, Clone, Copy)]
+struct LogHit {
+    limit: u64,
+    window_ms: u64,
+    cost: Cost,
+    counting: Counting,
+    /// How far after the decision an admitted charge is stamped ([`lease::ahead_ms`]).
+    ahead_ms: u64,
 }
 
 /// Returns the allocator's free pages to the operating system. glibc keeps freed small blocks in

@@ -64,6 +64,11 @@ pub struct Hit {
     /// script call can decide the descriptor's limits together. Set for every limit declared in
     /// a `rate_limits` list, whatever the request, so the keys of a limit never move.
     pub descriptor_tag: bool,
+    /// The hit is itself a slice reserved for a client that spends it elsewhere (an RLQS
+    /// assignment, spent by Envoy): decorators that answer hits from slices of their own
+    /// ([`lease::Leased`]) pass it to the store as it is, and the store stamps it `lease_ms`
+    /// ahead (at most [`lease::MAX_SLICE_AHEAD_MS`]) as it stamps a leased slice.
+    pub slice: bool,
 }
 
 /// The verdict on one hit and, when it was admitted and consumed something, how to give it back.

@@ -206,6 +206,7 @@ mod tests {
             tentative: false,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         }
     }
 

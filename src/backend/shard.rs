@@ -120,6 +120,7 @@ impl<B: ShardKeys> Sharded<B> {
             tentative: hit.tentative,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         }
     }
 }
@@ -349,6 +350,7 @@ pub(crate) mod tests {
             tentative: false,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         }
     }
 

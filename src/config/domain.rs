@@ -24,25 +24,82 @@ pub struct Domain {
     /// This domain's limits (each of a `rate_limits` list too), sorted by `series_key`, then
     /// window.
     limits: Vec<Arc<Limit>>,
+    /// Each descriptor key's rank in [`Domain::order_entries`]: the shallowest level that
+    /// declares it, then the first declaration's place in reading order.
+    key_ranks: LookupMap<String, (usize, usize)>,
+    /// How many key declarations were read into `key_ranks`.
+    keys_read: usize,
 }
 
 impl Domain {
     /// A domain called `name`, declared in `file` (for sources without files, what names the
     /// policy), with its tree and its limits in any order.
+    /// `keys` are its descriptor keys with their levels, in reading order.
     pub(super) fn new(
         name: String,
         file: PathBuf,
         tree: Level,
         mut limits: Vec<Arc<Limit>>,
+        keys: &[(usize, String)],
     ) -> Self {
         limits.sort_by(Limit::listing_order);
-        Domain {
+        let mut domain = Domain {
             key_part: counter_key::domain_part(&name),
             name,
             file,
             tree,
             limits,
+            key_ranks: LookupMap::default(),
+            keys_read: 0,
+        };
+        domain.rank_keys(keys);
+        domain
+    }
+
+    /// Ranks `keys` (levels and keys in reading order) after the keys already ranked.
+    fn rank_keys(&mut self, keys: &[(usize, String)]) {
+        for (depth, key) in keys {
+            let rank = (*depth, self.keys_read);
+            self.keys_read += 1;
+            self.key_ranks
+                .entry(key.clone())
+                .and_modify(|ranked| *ranked = (*ranked).min(rank))
+                .or_insert(rank);
         }
+    }
+
+    /// Puts the entries of an RLQS bucket id (a map, without order) in the order this domain's
+    /// tree nests their keys: the first path of the tree, keys tried in reading order, that
+    /// holds every key; when none does, by the shallowest level that declares each key, ties
+    /// in reading order, and keys the tree never declares last, by name (such a descriptor
+    /// matches no limit).
+    pub fn order_entries(&self, entries: &mut [Entry]) {
+        self.sort_by_rank(entries);
+        let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        let mut path = Vec::with_capacity(keys.len());
+        let mut budget = PATH_SEARCH_BUDGET;
+        if nest(&self.tree, &keys, &mut path, &mut budget) {
+            let order: Vec<usize> = path;
+            let sorted: Vec<Entry> = order
+                .iter()
+                .filter_map(|&i| entries.get(i).cloned())
+                .collect();
+            if sorted.len() == entries.len() {
+                entries.clone_from_slice(&sorted);
+            }
+        }
+    }
+
+    fn sort_by_rank(&self, entries: &mut [Entry]) {
+        entries.sort_by(|a, b| {
+            let rank = |entry: &Entry| self.key_ranks.get(entry.key.as_str()).copied();
+            match (rank(a), rank(b)) {
+                (Some(x), Some(y)) => x.cmp(&y),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => a.key.as_str().cmp(b.key.as_str()),
+            }
+        });
     }
 
     /// The domain's name.
@@ -58,7 +115,8 @@ impl Domain {
     /// Adds the top-level descriptors of another policy declaring this domain (`tree`) and their
     /// limits, after what is there: wildcards of both are tried in the order they were read.
     /// The rules have checked that no top-level descriptor is declared twice.
-    pub(super) fn merge(&mut self, tree: Level, limits: Vec<Arc<Limit>>) {
+    pub(super) fn merge(&mut self, tree: Level, limits: Vec<Arc<Limit>>, keys: &[(usize, String)]) {
+        self.rank_keys(keys);
         for (key, nodes) in tree {
             match self.tree.get_mut(&key) {
                 Some(ours) => ours.append(nodes),
@@ -297,6 +355,41 @@ fn metric_key(
 
 /// The children of a node (or the top of a domain), by descriptor key.
 pub(super) type Level = LookupMap<String, KeyNodes>;
+
+/// The most nodes [`Domain::order_entries`] visits looking for a path that holds a bucket's keys.
+const PATH_SEARCH_BUDGET: usize = 10_000;
+
+/// Finds a path down `level` that takes each of `keys` once (indexes into `keys`, in nesting
+/// order), trying the keys in their order; false when none does within `budget` nodes.
+fn nest(level: &Level, keys: &[&str], path: &mut Vec<usize>, budget: &mut usize) -> bool {
+    if path.len() == keys.len() {
+        return true;
+    }
+    for (index, key) in keys.iter().enumerate() {
+        if path.contains(&index) {
+            continue;
+        }
+        let Some(nodes) = level.get(*key) else {
+            continue;
+        };
+        path.push(index);
+        if path.len() == keys.len() {
+            return true;
+        }
+        for node in &nodes.nodes {
+            if *budget == 0 {
+                path.pop();
+                return false;
+            }
+            *budget -= 1;
+            if nest(&node.children, keys, path, budget) {
+                return true;
+            }
+        }
+        path.pop();
+    }
+    false
+}
 
 /// Every node declared with one key at one level.
 #[derive(Debug)]

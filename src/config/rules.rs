@@ -133,7 +133,9 @@ impl<L: Location> Snapshot<L> {
                         .insert((key, value), (source.to_path_buf(), node_at));
                 }
                 declared.replaces.extend(replaces);
-                declared.domain.merge(checked.tree, checked.limits);
+                declared
+                    .domain
+                    .merge(checked.tree, checked.limits, &checked.keys);
             }
             None => {
                 let mut replaces: Vec<(String, PathBuf, L)> = replaces.collect();
@@ -149,6 +151,7 @@ impl<L: Location> Snapshot<L> {
                     source.to_path_buf(),
                     checked.tree,
                     checked.limits,
+                    &checked.keys,
                 );
                 self.domains.insert(
                     name,
@@ -203,6 +206,8 @@ struct Checked<L> {
     top: Vec<(String, String, L)>,
     replaces: Vec<(String, L)>,
     warnings: Vec<Finding<L>>,
+    /// Every descriptor key with the level it is declared at, in file order.
+    keys: Vec<(usize, String)>,
 }
 
 /// Every `replaces` must name a limit of its domain (so a typo does not silently replace
@@ -254,6 +259,7 @@ fn check<L: Location>(policy: &Policy<L>) -> Result<Checked<L>, Finding<L>> {
         limits: Vec::new(),
         warnings: Vec::new(),
         replaces: Vec::new(),
+        keys: Vec::new(),
     };
     let mut tree = Level::default();
     let mut top = Vec::new();
@@ -279,6 +285,7 @@ fn check<L: Location>(policy: &Policy<L>) -> Result<Checked<L>, Finding<L>> {
             .map(|(name, at)| (name.to_string(), at))
             .collect(),
         warnings: checker.warnings,
+        keys: checker.keys,
     })
 }
 
@@ -288,6 +295,8 @@ struct Checker<'p, L> {
     warnings: Vec<Finding<L>>,
     /// Every `replaces` name, checked against the domain's limit names once the domain is whole.
     replaces: Vec<(&'p str, L)>,
+    /// Every descriptor key with its level, in file order.
+    keys: Vec<(usize, String)>,
 }
 
 impl<'p, L: Location> Checker<'p, L> {
@@ -325,6 +334,7 @@ impl<'p, L: Location> Checker<'p, L> {
                 }
                 Some(key) => key.value.as_str(),
             };
+            self.keys.push((depth, key.to_string()));
             let value = node.value.as_str();
             let segment = if value.is_empty() {
                 key.to_string()

@@ -38,8 +38,10 @@ pub use crate::counter_key::limiter_key;
 
 mod choose;
 mod metadata;
+mod quota;
 
 use choose::{Answer, most_constrained, usage_of};
+pub use quota::{Grant, Quota, Refusal};
 
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, Results};
 use crate::config::{Config, FailureMode, Limit, MetaValue};
@@ -504,6 +506,7 @@ impl<B: Backend> Limiter<B> {
                     tentative: false,
                     group,
                     descriptor_tag: limit.joint,
+                    slice: false,
                 });
                 planned.push(Planned {
                     limit,

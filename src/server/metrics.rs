@@ -258,6 +258,7 @@ impl Metrics {
         crate::backend::observe::register(own);
         crate::backend::local_cache::register(own);
         crate::backend::lease::register(own);
+        super::rlqs::register(own);
         Metrics {
             registry,
             requests: ByCode::new(&requests, true),
@@ -423,6 +424,59 @@ impl Metrics {
         }
         if decision.shadowed {
             self.stats.count("ratelimit.service.global_shadow_mode", 1);
+        }
+    }
+
+    /// Records what an RLQS client reported of a bucket governed by `limits`: its admitted
+    /// requests as hits within the limit, its denied ones as hits over it, under each limit's
+    /// reference-named series (`total_hits`, `within_limit`, `over_limit`).
+    pub fn observe_quota_usage(
+        &self,
+        domain: &str,
+        limits: &[std::sync::Arc<crate::config::Limit>],
+        allowed: u64,
+        denied: u64,
+    ) {
+        if !self.per_limit {
+            return;
+        }
+        for limit in limits {
+            let units = u64::from(limit.requests_per_unit);
+            let parts = [
+                (
+                    allowed,
+                    Usage::Decided {
+                        before: 0,
+                        after: allowed.min(units),
+                        admitted: true,
+                    },
+                ),
+                (
+                    denied,
+                    Usage::Decided {
+                        before: units,
+                        after: units.saturating_add(denied),
+                        admitted: false,
+                    },
+                ),
+            ];
+            for (cost, usage) in parts {
+                if cost == 0 {
+                    continue;
+                }
+                self.stats.record(
+                    domain,
+                    &LimitReport {
+                        descriptor: 0,
+                        limit: std::sync::Arc::clone(limit),
+                        request_key: None,
+                        overridden: false,
+                        cost,
+                        usage,
+                        local_cache: false,
+                    },
+                );
+            }
         }
     }
 

@@ -9,6 +9,7 @@ pub mod incoming;
 pub mod mapper;
 pub mod metrics;
 pub mod reload;
+pub mod rlqs;
 pub mod rls;
 pub mod runtime;
 pub mod stats;
@@ -404,7 +405,11 @@ pub async fn serve<B: Backend>(
     let routes = Routes::default()
         .add_service(health_service)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
+        .add_service(reflection_v1alpha)
+        .add_service(rlqs::QuotaService::server(
+            Arc::clone(&app),
+            stop_rx.clone(),
+        ));
     let grpc_stop = stopped(stop_rx.clone());
     let tls = options.tls.clone();
     let grpc = if options.grpc_fast_path {

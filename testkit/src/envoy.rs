@@ -285,6 +285,146 @@ static_resources:
     }
 }
 
+/// A bootstrap whose edge listener runs Envoy's `rate_limit_quota` filter against the RLQS
+/// server at `rlqs_addr` in `domain`: a request with the header `x-user` belongs to the bucket
+/// `{user: <x-user>}`, one without to `{anonymous: "true"}`. Without an assignment a bucket
+/// admits (Envoy's default); once an assignment expires it denies for a minute, so an outage
+/// of the server never admits past the limit. Start it with [`Envoy::start_with`].
+pub fn rlqs_bootstrap(
+    domain: &str,
+    rlqs_addr: SocketAddr,
+) -> impl Fn(SocketAddr, SocketAddr, SocketAddr) -> String {
+    let domain = quote(domain);
+    move |admin, edge, upstream| {
+        format!(
+            r#"admin:
+  address:
+    socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}
+static_resources:
+  listeners:
+  - name: edge
+    address:
+      socket_address: {{address: 127.0.0.1, port_value: {edge_port}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: edge
+          route_config:
+            name: edge
+            virtual_hosts:
+            - name: edge
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: upstream}}
+          http_filters:
+          - name: envoy.filters.http.rate_limit_quota
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+              rlqs_server: {{envoy_grpc: {{cluster_name: tollgate}}}}
+              domain: {domain}
+              bucket_matchers:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      single_predicate:
+                        input:
+                          name: x-user
+                          typed_config:
+                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                            header_name: x-user
+                        value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
+                    on_match:
+                      action:
+                        name: per-user
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                          bucket_id_builder:
+                            bucket_id_builder:
+                              user:
+                                custom_value:
+                                  name: x-user
+                                  typed_config:
+                                    "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                                    header_name: x-user
+                          reporting_interval: 5s
+                          expired_assignment_behavior:
+                            fallback_rate_limit: {{blanket_rule: DENY_ALL}}
+                            expired_assignment_behavior_timeout: 60s
+                          deny_response_settings: {{http_status: {{code: 429}}}}
+                on_no_match:
+                  action:
+                    name: anonymous
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                      bucket_id_builder:
+                        bucket_id_builder:
+                          anonymous: {{string_value: "true"}}
+                      reporting_interval: 5s
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - name: upstream
+    address:
+      socket_address: {{address: 127.0.0.1, port_value: {upstream_port}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: upstream
+          route_config:
+            name: upstream
+            virtual_hosts:
+            - name: upstream
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response:
+                  status: 200
+                  body: {{inline_string: "ok"}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: {upstream_port}}}
+  - name: tollgate
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: tollgate
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: {rlqs_ip}, port_value: {rlqs_port}}}
+"#,
+            admin_port = admin.port(),
+            edge_port = edge.port(),
+            upstream_port = upstream.port(),
+            rlqs_ip = rlqs_addr.ip(),
+            rlqs_port = rlqs_addr.port(),
+        )
+    }
+}
+
 /// A running Envoy; dropping it kills the process.
 #[derive(Debug)]
 pub struct Envoy {

@@ -32,6 +32,7 @@ pub fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Co
         tentative: false,
         group: 0,
         descriptor_tag: false,
+        slice: false,
     }
 }
 
@@ -41,6 +42,7 @@ pub fn tentative(hit: Hit) -> Hit {
         tentative: true,
         group: 0,
         descriptor_tag: false,
+        slice: false,
         ..hit
     }
 }

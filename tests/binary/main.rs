@@ -11,6 +11,7 @@
 //! - [`tracing`]: span export over OTLP to a real receiver;
 //! - [`metrics`]: the metrics from known traffic;
 //! - [`envoy`]: end to end through a real Envoy;
+//! - [`rlqs`]: Envoy's rate-limit-quota filter against tollgate's RLQS, through real Envoys;
 //! - [`deploy`]: the deployment examples under `deploy/`;
 //! - [`docs`]: every command the documents show, run as a user would type it.
 //!
@@ -21,6 +22,7 @@ mod deploy;
 mod docs;
 mod envoy;
 mod metrics;
+mod rlqs;
 mod service;
 mod settings;
 mod tls;

@@ -41,6 +41,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, window_ms: u64, cost: Cost) 
         tentative: false,
         group: 0,
         descriptor_tag: false,
+        slice: false,
     }
 }
 

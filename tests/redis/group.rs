@@ -43,6 +43,7 @@ fn limit(head: &str, algorithm: Algorithm, limit: u64, window_ms: u64) -> Hit {
         tentative: true,
         group: 1,
         descriptor_tag: true,
+        slice: false,
     }
 }
 
@@ -157,6 +158,7 @@ async fn an_admitted_group_charges_every_limit_and_a_refused_one_none(t: &Target
         let untagged: Vec<Hit> = (0..20)
             .map(|n| Hit {
                 descriptor_tag: false,
+                slice: false,
                 ..limit(
                     &format!("{head}-{n}"),
                     Algorithm::SlidingWindowCounter,
@@ -385,6 +387,7 @@ async fn a_group_survives_a_flushed_script_cache(t: &Target) {
     let lone = Hit {
         group: 0,
         descriptor_tag: false,
+        slice: false,
         ..limit(&fresh_key("lone"), Algorithm::SlidingWindowLog, 10, HOUR_MS)
     };
     let hits = [

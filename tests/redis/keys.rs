@@ -72,6 +72,7 @@ async fn idle_keys_of_short_windows_are_gone_within_three_windows_and_a_second(t
                     tentative: true,
                     group: 0,
                     descriptor_tag: false,
+                    slice: false,
                     ..plain.clone()
                 },
                 Hit {
@@ -79,6 +80,7 @@ async fn idle_keys_of_short_windows_are_gone_within_three_windows_and_a_second(t
                     tentative: true,
                     group: 0,
                     descriptor_tag: false,
+                    slice: false,
                     ..plain.clone()
                 },
                 plain,

@@ -169,6 +169,7 @@ impl Limit {
             tentative: false,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         }
     }
 
@@ -404,6 +405,7 @@ async fn refunds_restore_the_charged_shard(t: &Target) {
                 tentative: false,
                 group: 0,
                 descriptor_tag: false,
+                slice: false,
             };
             let outcome = backend.acquire(&[hit]).await.remove(0).expect("an answer");
             assert!(outcome.verdict.admitted, "{limit:?}");

@@ -298,6 +298,7 @@ async fn simulate(
             tentative: false,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         };
         let outcome = backend
             .acquire(std::slice::from_ref(&hit))
@@ -343,6 +344,7 @@ async fn memory_per_hit(
         tentative: false,
         group: 0,
         descriptor_tag: false,
+        slice: false,
     };
     let key = format!("perhit-{}-{hits}", algorithm.name());
     let memory = MemoryBackend::new();

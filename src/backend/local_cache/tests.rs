@@ -66,6 +66,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: u64) -> Hit {
         tentative: false,
         group: 0,
         descriptor_tag: false,
+        slice: false,
     }
 }
 

@@ -28,6 +28,7 @@ fn hit(key: &str, algorithm: Algorithm, limit: u64, cost: Cost) -> Hit {
         tentative: false,
         group: 0,
         descriptor_tag: false,
+        slice: false,
     }
 }
 

@@ -226,6 +226,7 @@ mod tests {
             tentative: false,
             group,
             descriptor_tag: group != 0,
+            slice: false,
         }
     }
 

@@ -132,7 +132,7 @@ impl Scripts {
         if !hit.tentative {
             0
         } else if hit.lease_ms > 0 {
-            self.horizon_ms + hit.lease_ms.min(lease::MAX_LEASE_MS) + SETTLE_MS
+            self.horizon_ms + lease::ahead_ms(hit) + SETTLE_MS
         } else {
             self.horizon_ms
         }
@@ -209,7 +209,7 @@ impl Scripts {
                 hit.window_ms,
                 cost,
                 count_refused,
-                hit.lease_ms.min(lease::MAX_LEASE_MS),
+                lease::ahead_ms(hit),
                 horizon,
             ]),
         }
@@ -586,6 +586,7 @@ mod tests {
             tentative: false,
             group: 0,
             descriptor_tag: false,
+            slice: false,
         }
     }
 
@@ -660,6 +661,7 @@ mod tests {
             tentative: true,
             group: 0,
             descriptor_tag: false,
+            slice: false,
             ..hit(algorithm, Counting::Admitted, lease_ms)
         };
         let args = |h: &Hit| sent_args(&scripts.acquire(&keys, h).expect("a valid hit"));

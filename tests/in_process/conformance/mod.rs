@@ -40,5 +40,6 @@ mod instances;
 mod lease;
 mod limiter;
 mod outages;
+mod quota;
 mod several;
 mod support;

@@ -1,0 +1,243 @@
+//! Envoy's Rate Limit Quota Service through real Envoys: their `rate_limit_quota` filter holds
+//! a stream to tollgate, enforces the slices tollgate assigns with no call on the request path,
+//! and reports what it admitted. The tests send real HTTP requests and check what clients saw
+//! against the limit: never more than the limit in any window, most of it usable, and the same
+//! counters as RLS.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tollgate::proto::rate_limit_response::Code;
+use tollgate_testkit::envoy::{Envoy, rlqs_bootstrap};
+use tollgate_testkit::in_process::InProcess;
+use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::rls;
+use tollgate_testkit::target::Store;
+
+/// 20 requests per 10 seconds per user, exactly (a log); `vip` is unlimited.
+const POLICY: &str = "domain: edge
+descriptors:
+  - key: user
+    value: vip
+    rate_limit: {unlimited: true}
+  - key: user
+    rate_limit: {window: 10s, requests_per_unit: 20, algorithm: sliding_window_log}
+";
+
+const LIMIT: usize = 20;
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// One request a client sent: when it left, when its answer came, and whether it passed.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    sent: Instant,
+    answered: Instant,
+    admitted: bool,
+}
+
+/// Sends requests for `user` through `envoy` every `every` until `until`.
+fn drive(envoy: &Envoy, user: &str, every: Duration, until: Instant) -> Vec<Sent> {
+    let mut sent = Vec::new();
+    let mut next = Instant::now();
+    while next < until {
+        let at = Instant::now();
+        let reply = envoy.get("/", &[("x-user", user)]);
+        assert!(
+            reply.status == 200 || reply.status == 429,
+            "unexpected answer {reply:?}"
+        );
+        sent.push(Sent {
+            sent: at,
+            answered: Instant::now(),
+            admitted: reply.status == 200,
+        });
+        next += every;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    sent
+}
+
+/// The most admitted requests certainly decided within one window (sent at or after its start,
+/// answered before its end), over every window that starts at an admitted request.
+fn most_in_a_window(all: &[Sent]) -> usize {
+    let admitted: Vec<&Sent> = all.iter().filter(|s| s.admitted).collect();
+    admitted
+        .iter()
+        .map(|start| {
+            let end = start.sent + WINDOW - Duration::from_millis(1);
+            admitted
+                .iter()
+                .filter(|s| s.sent >= start.sent && s.answered <= end)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// What RLS answers one hit of `user` in `edge` now.
+fn rls_code(grpc: SocketAddr, user: &str) -> Code {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut client = rls::client(grpc).await.expect("connect to tollgate");
+        let response = client
+            .should_rate_limit(rls::request("edge", &[&[("user", user)]]))
+            .await
+            .expect("a decision")
+            .into_inner();
+        Code::try_from(response.overall_code).expect("a known code")
+    })
+}
+
+/// Two Envoys, each asked five times a second for one user, share a limit of two a second: no
+/// window of ten seconds admits more than its 20, and at least 90% of what a log can admit at
+/// its limit is used. RLS, asked afterwards, finds the limit spent.
+fn two_envoys_share_one_limit(store: Store) {
+    let tollgate = InProcess::builder()
+        .policy("edge.yaml", POLICY)
+        .store(store)
+        .start();
+    let envoys = [
+        Envoy::start_with(rlqs_bootstrap("edge", tollgate.grpc_addr())),
+        Envoy::start_with(rlqs_bootstrap("edge", tollgate.grpc_addr())),
+    ];
+    let start = Instant::now();
+    let until = start + Duration::from_secs(30);
+    let sent: Vec<Sent> = std::thread::scope(|scope| {
+        let drivers: Vec<_> = envoys
+            .iter()
+            .map(|envoy| {
+                scope.spawn(move || drive(envoy, "alice", Duration::from_millis(200), until))
+            })
+            .collect();
+        drivers
+            .into_iter()
+            .flat_map(|driver| driver.join().expect("a driver"))
+            .collect()
+    });
+    let most = most_in_a_window(&sent);
+    assert!(
+        most <= LIMIT,
+        "{most} requests admitted within one window of a limit of {LIMIT}"
+    );
+    // The demand (10 a second) is far above the limit (2 a second) throughout. A slice is
+    // stamped 1.5 s after its decision, so at the limit a log admits its limit per window and
+    // 1.5 s (docs/rlqs.md): of that, at least 90%.
+    let admitted = sent.iter().filter(|s| s.admitted).count();
+    let run = until.duration_since(start).as_secs_f64();
+    let usable = LIMIT as f64 * run / (WINDOW.as_secs_f64() + 1.5);
+    assert!(
+        admitted as f64 >= 0.9 * usable,
+        "{admitted} admitted in {run:.0} s, of {usable:.0} usable; admitted at {:.1?}",
+        sent.iter()
+            .filter(|s| s.admitted)
+            .map(|s| s.sent.duration_since(start).as_secs_f64())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rls_code(tollgate.grpc_addr(), "alice"), Code::OverLimit);
+}
+
+#[test]
+fn two_envoys_share_one_limit_on_memory() {
+    two_envoys_share_one_limit(Store::Memory);
+}
+
+#[test]
+fn two_envoys_share_one_limit_on_redis() {
+    two_envoys_share_one_limit(Store::Redis(RedisServer::shared().url()));
+}
+
+/// What RLS spent, RLQS does not give again: a user whose limit RLS calls used up is refused
+/// by Envoy after its first request (which Envoy admits before any assignment, and which is
+/// charged when reported).
+#[test]
+fn rlqs_sees_what_rls_spent() {
+    let tollgate = InProcess::builder().policy("edge.yaml", POLICY).start();
+    for _ in 0..LIMIT {
+        assert_eq!(rls_code(tollgate.grpc_addr(), "carol"), Code::Ok);
+    }
+    let envoy = Envoy::start_with(rlqs_bootstrap("edge", tollgate.grpc_addr()));
+    let first = envoy.get("/", &[("x-user", "carol")]);
+    assert_eq!(
+        first.status, 200,
+        "admitted before any assignment: {first:?}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..10 {
+        let reply = envoy.get("/", &[("x-user", "carol")]);
+        assert_eq!(reply.status, 429, "{reply:?}");
+    }
+}
+
+/// Buckets no limit governs are never refused: an unlimited descriptor, and a bucket whose
+/// entries no policy names.
+#[test]
+fn unlimited_and_unknown_buckets_are_allowed() {
+    let tollgate = InProcess::builder().policy("edge.yaml", POLICY).start();
+    let envoy = Envoy::start_with(rlqs_bootstrap("edge", tollgate.grpc_addr()));
+    for _ in 0..3 * LIMIT {
+        let vip = envoy.get("/", &[("x-user", "vip")]);
+        assert_eq!(vip.status, 200, "{vip:?}");
+        let anonymous = envoy.get("/", &[]);
+        assert_eq!(anonymous.status, 200, "{anonymous:?}");
+    }
+}
+
+/// The policy and the Envoy bootstrap docs/rlqs.md shows, run as shown (the ports moved to
+/// free ones, and an admin listener added for the test to know Envoy is up): of a user's 25
+/// requests in ten seconds, at most 20 pass and the last are refused by Envoy. No upstream runs
+/// behind it, so the admitted ones answer 503.
+#[test]
+fn the_configuration_in_the_docs_works() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/rlqs.md"))
+        .expect("read docs/rlqs.md");
+    let blocks: Vec<String> = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next().map(str::to_owned))
+        .collect();
+    let [policy, bootstrap] = blocks.as_slice() else {
+        panic!("docs/rlqs.md should show a policy and a bootstrap, found {blocks:?}");
+    };
+    let tollgate = InProcess::builder().policy("edge.yaml", policy).start();
+    let grpc = tollgate.grpc_addr();
+    let envoy = Envoy::start_with(|admin, edge, upstream| {
+        let yaml = bootstrap
+            .replace("port_value: 10000", &format!("port_value: {}", edge.port()))
+            .replace("port_value: 8081", &format!("port_value: {}", grpc.port()))
+            .replace(
+                "port_value: 8000",
+                &format!("port_value: {}", upstream.port()),
+            )
+            .replace("address: 0.0.0.0", "address: 127.0.0.1");
+        format!(
+            "admin:\n  address:\n    socket_address: {{address: 127.0.0.1, port_value: {}}}\n{yaml}",
+            admin.port()
+        )
+    });
+    // Paced below what the first slices hold before Envoy has reported a rate (the limit's
+    // own rate, 2 a second, over 0.66 s a slice renewed every 0.6 s), all within one window.
+    let mut statuses = Vec::new();
+    for _ in 0..LIMIT + 5 {
+        statuses.push(envoy.get("/", &[("x-user", "dana")]).status);
+        std::thread::sleep(Duration::from_millis(350));
+    }
+    // Never more than the limit; a renewal replaces a slice and what Envoy had not spent of it
+    // stays charged (docs/rlqs.md), so a little of the limit may go unused.
+    let admitted = statuses.iter().filter(|s| **s != 429).count();
+    assert!(admitted <= LIMIT, "{statuses:?}");
+    assert!(admitted * 4 >= LIMIT * 3, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 429 || *s == 503),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    // The bucket no policy names is never refused.
+    for _ in 0..LIMIT + 5 {
+        assert_ne!(envoy.get("/", &[]).status, 429);
+    }
+}
