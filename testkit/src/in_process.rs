@@ -48,6 +48,8 @@ pub struct InProcessBuilder {
     backend_timeout: Duration,
     reload_interval: Duration,
     drain_timeout: Duration,
+    /// Where gRPC listens; a free loopback port when `None`.
+    grpc: Option<SocketAddr>,
     /// The remaining serve options (bounds, reload safety, health), as `tollgate serve`'s
     /// defaults unless set.
     options: ServeOptions,
@@ -66,6 +68,7 @@ impl Default for InProcessBuilder {
             backend_timeout: CALL_TIMEOUT,
             reload_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(1),
+            grpc: None,
             // The policy source is set at start, once the policy files are written.
             options: ServeOptions::files(PathBuf::new()),
         }
@@ -73,6 +76,12 @@ impl Default for InProcessBuilder {
 }
 
 impl InProcessBuilder {
+    /// Listens for gRPC at `addr` (an earlier instance's, to stand for it restarted).
+    pub fn grpc_addr(mut self, addr: SocketAddr) -> Self {
+        self.grpc = Some(addr);
+        self
+    }
+
     /// Adds a policy file named `file_name` (e.g. `edge.yaml`) with the given YAML text.
     pub fn policy(mut self, file_name: &str, yaml: &str) -> Self {
         self.policies.add(file_name, yaml);
@@ -196,7 +205,7 @@ impl InProcessBuilder {
                 limiter = limiter.with_limit_headers(names);
             }
             let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-            let listeners = Listeners::bind(loopback, loopback)
+            let listeners = Listeners::bind(self.grpc.unwrap_or(loopback), loopback)
                 .await
                 .expect("bind two loopback listeners");
             let grpc_addr = listeners.grpc_addr().expect("the gRPC address");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tollgate::proto::rate_limit_response::Code;
 use tollgate_testkit::envoy::{Envoy, rlqs_bootstrap};
 use tollgate_testkit::in_process::InProcess;
-use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::redis::{RedisCluster, RedisServer, unique_prefix};
 use tollgate_testkit::rls;
 use tollgate_testkit::target::Store;
 
@@ -240,4 +240,115 @@ fn the_configuration_in_the_docs_works() {
     for _ in 0..LIMIT + 5 {
         assert_ne!(envoy.get("/", &[]).status, 429);
     }
+}
+
+/// Drives every Envoy for `user` at five requests a second until `until`, all at once.
+fn drive_all(envoys: &[&Envoy], user: &str, until: Instant) -> Vec<Vec<Sent>> {
+    std::thread::scope(|scope| {
+        let drivers: Vec<_> = envoys
+            .iter()
+            .map(|envoy| scope.spawn(move || drive(envoy, user, Duration::from_millis(200), until)))
+            .collect();
+        drivers
+            .into_iter()
+            .map(|driver| driver.join().expect("a driver"))
+            .collect()
+    })
+}
+
+/// Three Envoys on two tollgates sharing one store: the instances' slices come from one
+/// counter, so no window admits more than the limit across all three, and at least 90% of
+/// what a log admits at its limit is used.
+fn three_envoys_on_two_tollgates(store: Store) {
+    let prefix = unique_prefix("rlqs-two");
+    let start_one = || {
+        InProcess::builder()
+            .policy("edge.yaml", POLICY)
+            .store(store.clone())
+            .key_prefix(&prefix)
+            .start()
+    };
+    let (first, second) = (start_one(), start_one());
+    let envoys = [
+        Envoy::start_with(rlqs_bootstrap("edge", first.grpc_addr())),
+        Envoy::start_with(rlqs_bootstrap("edge", first.grpc_addr())),
+        Envoy::start_with(rlqs_bootstrap("edge", second.grpc_addr())),
+    ];
+    let start = Instant::now();
+    let until = start + Duration::from_secs(30);
+    let sent: Vec<Sent> = drive_all(&envoys.iter().collect::<Vec<_>>(), "erin", until)
+        .into_iter()
+        .flatten()
+        .collect();
+    let most = most_in_a_window(&sent);
+    assert!(
+        most <= LIMIT,
+        "{most} admitted within one window of a limit of {LIMIT}"
+    );
+    let admitted = sent.iter().filter(|s| s.admitted).count();
+    let usable = LIMIT as f64 * 30.0 / (WINDOW.as_secs_f64() + 1.5);
+    assert!(
+        admitted as f64 >= 0.9 * usable,
+        "{admitted} admitted in 30 s, of {usable:.0} usable"
+    );
+    // Both instances see the same counter spent.
+    assert_eq!(rls_code(first.grpc_addr(), "erin"), Code::OverLimit);
+    assert_eq!(rls_code(second.grpc_addr(), "erin"), Code::OverLimit);
+}
+
+#[test]
+fn three_envoys_on_two_tollgates_on_redis() {
+    three_envoys_on_two_tollgates(Store::Redis(RedisServer::shared().url()));
+}
+
+#[test]
+fn three_envoys_on_two_tollgates_on_the_cluster() {
+    three_envoys_on_two_tollgates(Store::Cluster(RedisCluster::shared().urls()));
+}
+
+/// tollgate restarted under a running Envoy: the Envoy's last slice expires into its
+/// `expired_assignment_behavior` (DENY_ALL), it reconnects at its next report and gets slices
+/// again; no window admits more than the limit, before, across or after the restart.
+#[test]
+fn a_restart_mid_stream_never_admits_past_the_limit() {
+    let prefix = unique_prefix("rlqs-restart");
+    let store = Store::Redis(RedisServer::shared().url());
+    let start_at = |addr: Option<SocketAddr>| {
+        let mut builder = InProcess::builder()
+            .policy("edge.yaml", POLICY)
+            .store(store.clone())
+            .key_prefix(&prefix);
+        if let Some(addr) = addr {
+            builder = builder.grpc_addr(addr);
+        }
+        builder.start()
+    };
+    let mut tollgate = start_at(None);
+    let grpc = tollgate.grpc_addr();
+    let envoy = Envoy::start_with(rlqs_bootstrap("edge", grpc));
+    let start = Instant::now();
+    let restart_at = start + Duration::from_secs(6);
+    let until = start + Duration::from_secs(30);
+    let sent = std::thread::scope(|scope| {
+        let driver = scope.spawn(|| drive(&envoy, "fay", Duration::from_millis(100), until));
+        std::thread::sleep(restart_at.saturating_duration_since(Instant::now()));
+        tollgate.shutdown();
+        drop(tollgate);
+        let restarted = start_at(Some(grpc));
+        let sent = driver.join().expect("the driver");
+        (sent, restarted)
+    });
+    let (sent, restarted) = sent;
+    let most = most_in_a_window(&sent);
+    assert!(
+        most <= LIMIT,
+        "{most} admitted within one window of a limit of {LIMIT}"
+    );
+    // The restarted instance serves the stream again: requests pass after the restart.
+    let after = sent
+        .iter()
+        .filter(|s| s.admitted && s.sent > restart_at + Duration::from_secs(1))
+        .count();
+    assert!(after > 0, "nothing admitted after the restart: {sent:?}");
+    assert_eq!(rls_code(restarted.grpc_addr(), "fay"), Code::OverLimit);
 }

@@ -57,6 +57,11 @@ fn grpcurl_lists_and_describes_the_services() {
     let services: Vec<&str> = services.lines().collect();
     assert!(services.contains(&RLS), "{services:?}");
     assert!(services.contains(&"grpc.health.v1.Health"), "{services:?}");
+    // Envoy's quota service, beside RLS ([docs/rlqs.md]).
+    let rlqs = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+    assert!(services.contains(&rlqs), "{services:?}");
+    let methods = grpcurl_ok(&[], addr, &["list", rlqs]);
+    assert_eq!(methods.trim(), format!("{rlqs}.StreamRateLimitQuotas"));
 
     let methods = grpcurl_ok(&[], addr, &["list", RLS]);
     assert_eq!(methods.trim(), format!("{RLS}.ShouldRateLimit"));
