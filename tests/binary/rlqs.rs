@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tollgate::proto::rate_limit_response::Code;
 use tollgate_testkit::envoy::{Envoy, rlqs_bootstrap};
 use tollgate_testkit::in_process::InProcess;
+use tollgate_testkit::net::{agent, send};
 use tollgate_testkit::redis::{RedisCluster, RedisServer, unique_prefix};
 use tollgate_testkit::rls;
 use tollgate_testkit::target::Store;
@@ -139,6 +140,25 @@ fn two_envoys_share_one_limit(store: Store) {
             .collect::<Vec<_>>()
     );
     assert_eq!(rls_code(tollgate.grpc_addr(), "alice"), Code::OverLimit);
+    // What the Envoys reported counts under the limit's reference series, and the service's own.
+    let metrics = send(&agent(), "GET", &tollgate.url("/metrics"), &[], None).body;
+    for series in [
+        "ratelimit_service_rate_limit_within_limit{domain=\"edge\",key1=\"user\"}",
+        "ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"user\"}",
+        "tollgate_rlqs_assignments_total{kind=\"slice\"}",
+        "tollgate_rlqs_slice_units_total",
+    ] {
+        assert!(metrics.contains(series), "no {series} in\n{metrics}");
+    }
+    // Process-wide, and other tests' streams may be open too: at least these two.
+    let streams = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("tollgate_rlqs_streams "))
+        .and_then(|value| value.trim().parse::<i64>().ok());
+    assert!(
+        streams.is_some_and(|n| n >= 2),
+        "streams {streams:?} in\n{metrics}"
+    );
 }
 
 #[test]
