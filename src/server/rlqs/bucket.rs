@@ -30,8 +30,13 @@ pub const RENEW_AFTER: Duration = Duration::from_millis(600);
 pub const FREE_TTL_S: u64 = 60;
 
 /// Consecutive reports without a request after which a bucket is abandoned: Envoy forgets it
-/// and makes it again, with a report of its own, at its next request.
-pub const IDLE_REPORTS: u32 = 6;
+/// and makes it again, with a report of its own, at its next request. One: every slice a bucket
+/// holds is charged whether Envoy spends it or not, so a quiet bucket is not kept supplied.
+pub const IDLE_REPORTS: u32 = 1;
+
+/// Before Envoy has reported a rate, a slice is the limit's own rate over a renewal, and at most
+/// this share of the limit: what a quiet new bucket strands in its first five seconds.
+const FIRST_SLICES_SHARE: u64 = 16;
 
 /// What Envoy was last told about a bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,6 +81,8 @@ pub struct Bucket {
     pub rate: f64,
     /// When the latest report arrived.
     pub reported_at: Option<Instant>,
+    /// Whether `rate` was measured over the time between two reports.
+    pub rated: bool,
     /// Consecutive reports without a request.
     pub quiet: u32,
     /// The policies an ALLOW_ALL was decided under: after a reload it is decided again.
@@ -97,6 +104,7 @@ impl Bucket {
             charged: 0,
             rate: 0.0,
             reported_at: None,
+            rated: false,
             quiet: 0,
             decided_under: None,
             limits: Vec::new(),
@@ -113,6 +121,7 @@ impl Bucket {
         if let Some(before) = self.reported_at {
             let seconds = now.saturating_duration_since(before).as_secs_f64().max(0.5);
             self.rate = wanted as f64 / seconds;
+            self.rated = true;
         }
         self.reported_at = Some(now);
         self.quiet = if wanted == 0 { self.quiet + 1 } else { 0 };
@@ -129,22 +138,25 @@ impl Bucket {
     }
 
     /// The units to ask for the next slice: what the reported rate wants until the renewal
-    /// after it, a tenth more, at least one; before any rate is known, the limit's own rate
-    /// over that time (`limit` units per `window_ms`). A renewal replaces the slice, and what
-    /// Envoy had not spent of it stays charged until it leaves the window: the tenth is what
-    /// a steady demand strands.
+    /// after it, a tenth more, at least one; before a rate is reported, the limit's own rate
+    /// over that time (`limit` units per `window_ms`), at most a sixteenth of the limit. A
+    /// renewal replaces the slice, and what Envoy had not spent of it stays charged until it
+    /// leaves the window: the tenth is what a steady demand strands.
     pub fn want(&self, limit: u64, window_ms: u64) -> u64 {
         let horizon_s = RENEW_AFTER.as_secs_f64() * 1.1;
-        let rate = if self.reported_at.is_some() && self.rate > 0.0 {
-            self.rate
-        } else {
-            limit as f64 * 1000.0 / window_ms.max(1) as f64
+        let units = |rate: f64| {
+            let want = (rate * horizon_s).ceil();
+            if want >= u64::MAX as f64 {
+                u64::MAX
+            } else {
+                (want as u64).max(1)
+            }
         };
-        let want = (rate * horizon_s).ceil();
-        if want >= u64::MAX as f64 {
-            u64::MAX
+        if self.rated {
+            units(self.rate)
         } else {
-            (want as u64).max(1)
+            units(limit as f64 * 1000.0 / window_ms.max(1) as f64)
+                .min((limit / FIRST_SLICES_SHARE).max(1))
         }
     }
 
@@ -187,9 +199,12 @@ mod tests {
     fn slices_follow_the_reported_rate() {
         let mut b = bucket();
         let now = Instant::now();
-        // No report with a rate yet: the limit's own rate (6 a second) over 0.66 s.
+        // No rate reported yet: the limit's own rate (6 a second) over 0.66 s, at most a
+        // sixteenth of the limit.
         assert_eq!(b.want(360, 60_000), 4);
+        assert_eq!(b.want(20, 10_000), 1);
         b.report(1, 0, now);
+        assert_eq!(b.want(360, 60_000), 4);
         b.report(40, 10, now + Duration::from_secs(5));
         assert!((b.rate - 10.0).abs() < 1e-9);
         assert_eq!(b.want(360, 60_000), 7);
