@@ -56,6 +56,10 @@ pub const MAX_BUCKETS: usize = 100_000;
 /// The most buckets one stream holds.
 pub const MAX_BUCKETS_PER_STREAM: usize = 20_000;
 
+/// The most bucket actions one response carries (a response of every bucket of a large stream
+/// would be megabytes).
+const ACTIONS_PER_RESPONSE: usize = 1000;
+
 /// A token bucket's fill interval when it must not refill: a year, Envoy's slowest rate (one
 /// token a year).
 const NO_REFILL: prost_types::Duration = prost_types::Duration {
@@ -372,22 +376,44 @@ impl<B: Backend> Session<B> {
                 _ => {}
             }
         }
-        self.send(actions).await;
+        self.send_groups(actions.into_iter().map(|action| vec![action]).collect())
+            .await;
         self.on_due().await;
         Ok(())
     }
 
-    /// Assigns every bucket that is due, in one response.
+    /// Assigns every bucket that is due, in one response. The buckets' store calls go out
+    /// together, as many at a time as are due, so a stream of many buckets renews them all
+    /// within their lifetime.
     async fn on_due(&mut self) {
         let now = Instant::now();
         let domain = self.domain.clone().unwrap_or_default();
-        let mut actions = Vec::new();
-        for bucket in self.buckets.values_mut() {
-            if bucket.due <= now {
-                assign(&self.app, &domain, bucket, &mut actions).await;
+        let app = &self.app;
+        let due = self
+            .buckets
+            .values_mut()
+            .filter(|bucket| bucket.due <= now)
+            .map(|bucket| async {
+                let mut actions = Vec::new();
+                assign(app, &domain, bucket, &mut actions).await;
+                actions
+            });
+        let groups = futures_util::future::join_all(due).await;
+        self.send_groups(groups).await;
+    }
+
+    /// Sends each bucket's actions (`groups`, one per bucket), in responses of at most
+    /// [`ACTIONS_PER_RESPONSE`] actions; one bucket's actions always travel together, as Envoy
+    /// reads a DENY_ALL followed by a token bucket as a fresh one only within one response.
+    async fn send_groups(&self, groups: Vec<Vec<BucketAction>>) {
+        let mut response = Vec::new();
+        for group in groups {
+            if !response.is_empty() && response.len() + group.len() > ACTIONS_PER_RESPONSE {
+                self.send(std::mem::take(&mut response)).await;
             }
+            response.extend(group);
         }
-        self.send(actions).await;
+        self.send(response).await;
     }
 
     async fn send(&self, actions: Vec<BucketAction>) {

@@ -371,3 +371,99 @@ fn a_restart_mid_stream_never_admits_past_the_limit() {
     assert!(after > 0, "nothing admitted after the restart: {sent:?}");
     assert_eq!(rls_code(restarted.grpc_addr(), "fay"), Code::OverLimit);
 }
+
+/// A stream speaks to tollgate directly, as Envoy would: a bucket of a limit gets a DENY_ALL
+/// and a token bucket of its slice, echoing the bucket id exactly; a bucket no limit governs gets
+/// ALLOW_ALL; a first report without a domain ends the stream with INVALID_ARGUMENT, naming what
+/// to set.
+#[test]
+fn a_stream_answers_buckets_and_names_a_missing_domain() {
+    use std::collections::HashMap;
+
+    use futures_util::StreamExt as _;
+
+    use tollgate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
+    use tollgate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use tollgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use tollgate::proto::rlqs::{BucketId, RateLimitQuotaUsageReports, rate_limit_strategy};
+
+    let tollgate = InProcess::builder().policy("edge.yaml", POLICY).start();
+    let grpc = tollgate.grpc_addr();
+    let usage = |entries: &[(&str, &str)]| BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: entries
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<HashMap<_, _>>(),
+        }),
+        time_elapsed: Some(prost_types::Duration::default()),
+        num_requests_allowed: 1,
+        num_requests_denied: 0,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let channel = rls::channel(grpc).await.expect("connect");
+        let mut client = RateLimitQuotaServiceClient::new(channel.clone());
+        let report = RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: vec![usage(&[("user", "gil")]), usage(&[("anonymous", "true")])],
+        };
+        let mut responses = client
+            .stream_rate_limit_quotas(futures_util::stream::iter(vec![report]).chain(futures_util::stream::pending()))
+            .await
+            .expect("a stream")
+            .into_inner();
+        let mut strategies: HashMap<String, Vec<rate_limit_strategy::Strategy>> = HashMap::new();
+        while strategies.values().map(Vec::len).sum::<usize>() < 3 {
+            let response = responses.message().await.expect("a response").expect("open");
+            for action in response.bucket_action {
+                let id = action.bucket_id.expect("the id echoed");
+                let key = format!("{:?}", id.bucket.keys().collect::<Vec<_>>());
+                if let Some(Action::QuotaAssignmentAction(assignment)) = action.bucket_action {
+                    let ttl = assignment.assignment_time_to_live.expect("a lifetime");
+                    assert!(ttl.seconds >= 1 && ttl.nanos == 0, "{ttl:?}");
+                    let strategy = assignment
+                        .rate_limit_strategy
+                        .and_then(|s| s.strategy)
+                        .expect("a strategy");
+                    strategies.entry(key).or_default().push(strategy);
+                }
+            }
+        }
+        let user = &strategies["[\"user\"]"];
+        assert!(
+            matches!(user[0], rate_limit_strategy::Strategy::BlanketRule(rule) if rule == rate_limit_strategy::BlanketRule::DenyAll as i32),
+            "{user:?}"
+        );
+        match &user[1] {
+            rate_limit_strategy::Strategy::TokenBucket(bucket) => {
+                assert!(bucket.max_tokens >= 1, "{bucket:?}");
+                assert_eq!(bucket.tokens_per_fill, Some(1));
+                assert!(bucket.fill_interval.expect("an interval").seconds >= 365 * 24 * 3600);
+            }
+            other => panic!("not a slice: {other:?}"),
+        }
+        let anonymous = &strategies["[\"anonymous\"]"];
+        assert!(
+            matches!(anonymous[0], rate_limit_strategy::Strategy::BlanketRule(rule) if rule == rate_limit_strategy::BlanketRule::AllowAll as i32),
+            "{anonymous:?}"
+        );
+
+        let mut client = RateLimitQuotaServiceClient::new(channel);
+        let nameless = RateLimitQuotaUsageReports {
+            domain: String::new(),
+            bucket_quota_usages: vec![usage(&[("user", "gil")])],
+        };
+        let mut responses = client
+            .stream_rate_limit_quotas(futures_util::stream::iter(vec![nameless]).chain(futures_util::stream::pending()))
+            .await
+            .expect("a stream")
+            .into_inner();
+        let status = responses.message().await.expect_err("the stream ends with an error");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("set `domain`"), "{status:?}");
+    });
+}
