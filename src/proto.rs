@@ -308,10 +308,9 @@ mod tests {
         ("envoy.type.v3.RateLimitUnit", "YEAR", 6),
     ];
 
-    #[test]
-    fn vendored_protos_match_envoys_field_numbers() {
-        let pool = DescriptorPool::decode(super::FILE_DESCRIPTOR_SET).expect("descriptor set");
-        for (message, field, number) in FIELDS {
+    /// Every `(message, field, number)` of `fields` is in `pool` with that number.
+    fn assert_field_numbers(pool: &DescriptorPool, fields: &[(&str, &str, u32)]) {
+        for (message, field, number) in fields {
             let descriptor = pool
                 .get_message_by_name(message)
                 .unwrap_or_else(|| panic!("{message} is missing"));
@@ -320,6 +319,12 @@ mod tests {
                 .unwrap_or_else(|| panic!("{message}.{field} is missing"));
             assert_eq!(found.number(), *number, "{message}.{field}");
         }
+    }
+
+    #[test]
+    fn vendored_protos_match_envoys_field_numbers() {
+        let pool = DescriptorPool::decode(super::FILE_DESCRIPTOR_SET).expect("descriptor set");
+        assert_field_numbers(&pool, FIELDS);
         for (name, value, number) in ENUM_VALUES {
             let descriptor = pool
                 .get_enum_by_name(name)
@@ -423,15 +428,7 @@ mod tests {
     #[test]
     fn vendored_rlqs_protos_match_envoys_field_numbers() {
         let pool = DescriptorPool::decode(super::FILE_DESCRIPTOR_SET).expect("descriptor set");
-        for (message, field, number) in RLQS_FIELDS {
-            let descriptor = pool
-                .get_message_by_name(message)
-                .unwrap_or_else(|| panic!("{message} is missing"));
-            let found = descriptor
-                .get_field_by_name(field)
-                .unwrap_or_else(|| panic!("{message}.{field} is missing"));
-            assert_eq!(found.number(), *number, "{message}.{field}");
-        }
+        assert_field_numbers(&pool, RLQS_FIELDS);
         let rule = pool
             .get_enum_by_name("envoy.type.v3.RateLimitStrategy.BlanketRule")
             .expect("BlanketRule");
@@ -601,15 +598,7 @@ mod tests {
     #[test]
     fn vendored_xds_protos_match_the_upstream_field_numbers() {
         let pool = DescriptorPool::decode(super::ALL_DESCRIPTORS).expect("descriptor set");
-        for (message, field, number) in XDS_FIELDS {
-            let descriptor = pool
-                .get_message_by_name(message)
-                .unwrap_or_else(|| panic!("{message} is missing"));
-            let found = descriptor
-                .get_field_by_name(field)
-                .unwrap_or_else(|| panic!("{message}.{field} is missing"));
-            assert_eq!(found.number(), *number, "{message}.{field}");
-        }
+        assert_field_numbers(&pool, XDS_FIELDS);
         let units = pool
             .get_enum_by_name("ratelimit.config.ratelimit.v3.RateLimitUnit")
             .expect("RateLimitUnit");

@@ -273,6 +273,19 @@ impl<B: Backend> Session<B> {
             .set(i64::try_from(self.total.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
     }
 
+    /// Counts one more bucket against both bounds, or answers false when either is reached.
+    fn take_bucket_room(&self) -> bool {
+        if self.buckets.len() >= MAX_BUCKETS_PER_STREAM {
+            return false;
+        }
+        // Counted first, so that streams racing for the last room cannot overshoot it.
+        if self.total.fetch_add(1, Ordering::Relaxed) >= MAX_BUCKETS {
+            self.total.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
     /// When the next bucket is due (an hour away when none is).
     fn next_due(&self) -> Instant {
         self.buckets
@@ -313,12 +326,7 @@ impl<B: Backend> Session<B> {
                 continue;
             };
             if !self.buckets.contains_key(&key) {
-                if self.buckets.len() >= MAX_BUCKETS_PER_STREAM
-                    || self.total.fetch_add(1, Ordering::Relaxed) >= MAX_BUCKETS
-                {
-                    if self.buckets.len() < MAX_BUCKETS_PER_STREAM {
-                        self.total.fetch_sub(1, Ordering::Relaxed);
-                    }
+                if !self.take_bucket_room() {
                     tracing::debug!(
                         "an RLQS bucket past the bucket bound gets no assignment; Envoy \
                          applies its no_assignment_behavior"
@@ -364,7 +372,7 @@ impl<B: Backend> Session<B> {
                     // The reported rate may say the slice runs dry before its renewal.
                     bucket.due = bucket.due.min(bucket.renew_at(units, sent));
                 }
-                Assigned::AllowAll { .. }
+                Assigned::AllowAll
                     if !bucket
                         .decided_under
                         .as_ref()
@@ -460,7 +468,6 @@ async fn assign<B: Backend>(
     }
     match quota {
         Quota::Free | Quota::Shadow(_) => {
-            let counted = matches!(quota, Quota::Shadow(_));
             bucket.limits = match quota {
                 Quota::Shadow(limits) => limits,
                 _ => Vec::new(),
@@ -470,7 +477,7 @@ async fn assign<B: Backend>(
                 rate_limit_strategy::BlanketRule::AllowAll,
                 FREE_TTL_S,
             ));
-            bucket.assigned = Assigned::AllowAll { counted };
+            bucket.assigned = Assigned::AllowAll;
             bucket.decided_under = Some(app.limiter.config());
             bucket.due = now + Duration::from_secs(FREE_TTL_S / 2);
         }
@@ -534,7 +541,7 @@ async fn assign<B: Backend>(
             };
             actions.push(blanket(&bucket.id, rule, SLICE_TTL_S));
             bucket.assigned = match mode {
-                FailureMode::Allow => Assigned::AllowAll { counted: true },
+                FailureMode::Allow => Assigned::AllowAll,
                 FailureMode::Deny => Assigned::DenyAll,
             };
             bucket.due = now + RENEW_AFTER;

@@ -193,7 +193,52 @@ static_resources:
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  - name: upstream
+{rest}"#,
+            admin_port = admin.port(),
+            edge_port = edge.port(),
+            domain = quote(&self.domain),
+            failure_mode_deny = self.failure_mode_deny,
+            access_log = self.access_log_yaml(),
+            rest = upstream_and_clusters(upstream, self.rls_addr),
+        )
+    }
+
+    fn access_log_yaml(&self) -> String {
+        let Some((format, file)) = &self.access_log else {
+            return String::new();
+        };
+        format!(
+            r#"          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {path}
+              log_format:
+                text_format_source: {{inline_string: {format}}}
+"#,
+            path = quote(&file.path().display().to_string()),
+            format = quote(format).replace('\n', "\\n"),
+        )
+    }
+
+    /// Starts Envoy with this bootstrap and waits until its admin `/ready` answers `LIVE`.
+    pub fn start(mut self) -> Envoy {
+        let access_log = self
+            .access_log
+            .as_ref()
+            .map(|(_, file)| file.path().to_owned());
+        let mut envoy =
+            Envoy::start_with(|admin, edge, upstream| self.bootstrap(admin, edge, upstream));
+        envoy.access_log = access_log.zip(self.access_log.take().map(|(_, file)| file));
+        envoy
+    }
+}
+
+/// The end of both bootstraps: the upstream listener that answers every request `200 ok` at
+/// `upstream`, and the clusters to it and to tollgate at `tollgate` (HTTP/2).
+fn upstream_and_clusters(upstream: SocketAddr, tollgate: SocketAddr) -> String {
+    format!(
+        r#"  - name: upstream
     address:
       socket_address: {{address: 127.0.0.1, port_value: {upstream_port}}}
     filter_chains:
@@ -241,48 +286,12 @@ static_resources:
       - lb_endpoints:
         - endpoint:
             address:
-              socket_address: {{address: {rls_ip}, port_value: {rls_port}}}
+              socket_address: {{address: {tollgate_ip}, port_value: {tollgate_port}}}
 "#,
-            admin_port = admin.port(),
-            edge_port = edge.port(),
-            upstream_port = upstream.port(),
-            domain = quote(&self.domain),
-            failure_mode_deny = self.failure_mode_deny,
-            rls_ip = self.rls_addr.ip(),
-            rls_port = self.rls_addr.port(),
-            access_log = self.access_log_yaml(),
-        )
-    }
-
-    fn access_log_yaml(&self) -> String {
-        let Some((format, file)) = &self.access_log else {
-            return String::new();
-        };
-        format!(
-            r#"          access_log:
-          - name: envoy.access_loggers.file
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-              path: {path}
-              log_format:
-                text_format_source: {{inline_string: {format}}}
-"#,
-            path = quote(&file.path().display().to_string()),
-            format = quote(format).replace('\n', "\\n"),
-        )
-    }
-
-    /// Starts Envoy with this bootstrap and waits until its admin `/ready` answers `LIVE`.
-    pub fn start(mut self) -> Envoy {
-        let access_log = self
-            .access_log
-            .as_ref()
-            .map(|(_, file)| file.path().to_owned());
-        let mut envoy =
-            Envoy::start_with(|admin, edge, upstream| self.bootstrap(admin, edge, upstream));
-        envoy.access_log = access_log.zip(self.access_log.take().map(|(_, file)| file));
-        envoy
-    }
+        upstream_port = upstream.port(),
+        tollgate_ip = tollgate.ip(),
+        tollgate_port = tollgate.port(),
+    )
 }
 
 /// A bootstrap whose edge listener runs Envoy's `rate_limit_quota` filter against the RLQS
@@ -366,61 +375,10 @@ static_resources:
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  - name: upstream
-    address:
-      socket_address: {{address: 127.0.0.1, port_value: {upstream_port}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: upstream
-          route_config:
-            name: upstream
-            virtual_hosts:
-            - name: upstream
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response:
-                  status: 200
-                  body: {{inline_string: "ok"}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {{address: 127.0.0.1, port_value: {upstream_port}}}
-  - name: tollgate
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config:
-          http2_protocol_options: {{}}
-    load_assignment:
-      cluster_name: tollgate
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {{address: {rlqs_ip}, port_value: {rlqs_port}}}
-"#,
+{rest}"#,
             admin_port = admin.port(),
             edge_port = edge.port(),
-            upstream_port = upstream.port(),
-            rlqs_ip = rlqs_addr.ip(),
-            rlqs_port = rlqs_addr.port(),
+            rest = upstream_and_clusters(upstream, rlqs_addr),
         )
     }
 }

@@ -384,22 +384,11 @@ fn a_stream_answers_buckets_and_names_a_missing_domain() {
 
     use tollgate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
     use tollgate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-    use tollgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
-    use tollgate::proto::rlqs::{BucketId, RateLimitQuotaUsageReports, rate_limit_strategy};
+    use tollgate::proto::rlqs::{RateLimitQuotaUsageReports, rate_limit_strategy};
 
     let tollgate = InProcess::builder().policy("edge.yaml", POLICY).start();
     let grpc = tollgate.grpc_addr();
-    let usage = |entries: &[(&str, &str)]| BucketQuotaUsage {
-        bucket_id: Some(BucketId {
-            bucket: entries
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect::<HashMap<_, _>>(),
-        }),
-        time_elapsed: Some(prost_types::Duration::default()),
-        num_requests_allowed: 1,
-        num_requests_denied: 0,
-    };
+    let usage = |entries: &[(&str, &str)]| usage(entries, 1);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -466,4 +455,122 @@ fn a_stream_answers_buckets_and_names_a_missing_domain() {
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("set `domain`"), "{status:?}");
     });
+}
+
+/// One bucket's usage in a report: `allowed` requests admitted, none denied.
+fn usage(
+    entries: &[(&str, &str)],
+    allowed: u64,
+) -> tollgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
+    tollgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
+        bucket_id: Some(tollgate::proto::rlqs::BucketId {
+            bucket: entries
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }),
+        time_elapsed: Some(prost_types::Duration::default()),
+        num_requests_allowed: allowed,
+        num_requests_denied: 0,
+    }
+}
+
+/// A shadow-mode bucket gets ALLOW_ALL, and what Envoy reports of it is charged (RLS then finds
+/// its limit spent); a bucket whose next report shows no request is abandoned.
+#[test]
+fn shadow_buckets_are_counted_and_quiet_ones_abandoned() {
+    use tollgate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
+    use tollgate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use tollgate::proto::rlqs::{RateLimitQuotaUsageReports, rate_limit_strategy};
+
+    const SHADOWED: &str = "domain: edge
+descriptors:
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+    let tollgate = InProcess::builder().policy("edge.yaml", SHADOWED).start();
+    let grpc = tollgate.grpc_addr();
+    let report = |allowed| RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![usage(&[("trial", "t")], allowed)],
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let (reports, queued) = tokio::sync::mpsc::channel(4);
+        let outbound = futures_util::stream::unfold(queued, |mut queued| async move {
+            queued.recv().await.map(|report| (report, queued))
+        });
+        let channel = rls::channel(grpc).await.expect("connect");
+        let mut responses = RateLimitQuotaServiceClient::new(channel)
+            .stream_rate_limit_quotas(outbound)
+            .await
+            .expect("a stream")
+            .into_inner();
+        reports.send(report(1)).await.expect("the first report");
+        let first = responses
+            .message()
+            .await
+            .expect("a response")
+            .expect("open");
+        let rule = first
+            .bucket_action
+            .first()
+            .and_then(|a| match &a.bucket_action {
+                Some(Action::QuotaAssignmentAction(q)) => {
+                    q.rate_limit_strategy.as_ref().and_then(|s| s.strategy)
+                }
+                _ => None,
+            });
+        assert_eq!(
+            rule,
+            Some(rate_limit_strategy::Strategy::BlanketRule(
+                rate_limit_strategy::BlanketRule::AllowAll as i32
+            )),
+            "{first:?}"
+        );
+        // Envoy admitted 5 more: charged to the shadow limit, all 6 of its 5 spent.
+        reports.send(report(5)).await.expect("the second report");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rls_remaining(grpc, "trial", "t").await > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the reported requests were not charged"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // A report without a request: the bucket is abandoned.
+        reports.send(report(0)).await.expect("the quiet report");
+        let abandoned = tokio::time::timeout(Duration::from_secs(10), responses.message())
+            .await
+            .expect("an answer to the quiet report within 10 s")
+            .expect("a response")
+            .expect("open");
+        assert!(
+            matches!(
+                abandoned
+                    .bucket_action
+                    .first()
+                    .and_then(|a| a.bucket_action.as_ref()),
+                Some(Action::AbandonAction(_))
+            ),
+            "{abandoned:?}"
+        );
+    });
+}
+
+/// What RLS says is left of `key=value` in `edge`, by a check that consumes nothing.
+async fn rls_remaining(grpc: SocketAddr, key: &str, value: &str) -> u32 {
+    let mut client = rls::client(grpc).await.expect("connect to tollgate");
+    let mut request = rls::request("edge", &[&[(key, value)]]);
+    request.descriptors[0].hits_addend = Some(0);
+    let response = client
+        .should_rate_limit(request)
+        .await
+        .expect("a decision")
+        .into_inner();
+    response.statuses[0].limit_remaining
 }

@@ -43,12 +43,9 @@ const FIRST_SLICES_SHARE: u64 = 16;
 pub enum Assigned {
     /// Nothing yet: Envoy applies its `no_assignment_behavior`.
     Nothing,
-    /// ALLOW_ALL: no limit governs the bucket (`counted`: a shadow-mode limit does, and what
-    /// Envoy reports is charged to it).
-    AllowAll {
-        /// Whether reported requests are charged to the bucket's limits.
-        counted: bool,
-    },
+    /// ALLOW_ALL: no limit governs the bucket, or only shadow-mode ones (what Envoy reports of
+    /// such a bucket is charged to them, as it lies beyond every slice: there are none).
+    AllowAll,
     /// DENY_ALL: nothing is left, or the backend failed under `failure_mode: deny`.
     DenyAll,
     /// A slice of `units` requests, sent at `sent`.
