@@ -42,13 +42,19 @@ pub struct H2LoadOptions {
 /// The path of the RLS v3 call on every server.
 const METHOD_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// h2load, ready to send one request to any RLS server.
+/// h2load, ready to send one request over and over: an RLS call to any RLS server, or a plain
+/// GET to any HTTP/2 server (Envoy's listener).
 pub struct H2Load {
     binary: PathBuf,
-    /// The request as one gRPC message (length-prefixed), the body of every call.
-    body: NamedTempFile,
-    /// The request the body holds.
-    request: RateLimitRequest,
+    /// The request's body, when it has one: the RLS request as one gRPC message
+    /// (length-prefixed).
+    body: Option<NamedTempFile>,
+    /// The request's headers beyond h2load's own, as `name: value`.
+    headers: Vec<String>,
+    /// The path every request goes to.
+    path: &'static str,
+    /// The RLS request the body holds, when it is one.
+    request: Option<RateLimitRequest>,
 }
 
 /// What one h2load run measured.
@@ -71,11 +77,7 @@ pub struct H2LoadSummary {
 impl H2Load {
     /// h2load (`$TOLLGATE_H2LOAD`, else the one on the `PATH`) sending `request`.
     pub fn new(request: RateLimitRequest) -> anyhow::Result<H2Load> {
-        let binary = crate::proc::find_tool(
-            "TOLLGATE_H2LOAD",
-            "h2load",
-            "it comes with the Debian package nghttp2-client",
-        )?;
+        let binary = binary()?;
         let mut body = tempfile::Builder::new()
             .prefix("tollgate-bench-h2load-")
             .tempfile()
@@ -84,8 +86,25 @@ impl H2Load {
             .context("writing h2load's request body")?;
         Ok(H2Load {
             binary,
-            body,
-            request,
+            body: Some(body),
+            headers: vec![
+                "content-type: application/grpc".to_owned(),
+                "te: trailers".to_owned(),
+            ],
+            path: METHOD_PATH,
+            request: Some(request),
+        })
+    }
+
+    /// h2load sending `GET /` with `headers` (`name: value`): plain HTTP/2 requests, as a
+    /// client sends them through Envoy.
+    pub fn get(headers: &[&str]) -> anyhow::Result<H2Load> {
+        Ok(H2Load {
+            binary: binary()?,
+            body: None,
+            headers: headers.iter().map(|header| (*header).to_owned()).collect(),
+            path: "/",
+            request: None,
         })
     }
 
@@ -108,7 +127,10 @@ impl H2Load {
     /// with OK: h2load sees only HTTP statuses, and a gRPC error or an OVER_LIMIT answer is an
     /// HTTP 200 too, so a run would count them as decisions.
     pub fn check_answered_ok(&self, loader: &Loader, target: SocketAddr) -> anyhow::Result<()> {
-        let answer = loader.call(target, &self.request)?;
+        let Some(request) = &self.request else {
+            bail!("h2load sends {target} plain requests, not RLS calls");
+        };
+        let answer = loader.call(target, request)?;
         if answer.overall_code != Code::Ok as i32 {
             bail!("{target} answered h2load's request with {answer:?}");
         }
@@ -124,6 +146,25 @@ impl H2Load {
     ) -> anyhow::Result<H2LoadSummary> {
         let duration = format!("{}ms", duration.as_millis().max(1));
         self.send(target, ["--duration", &duration], options)
+    }
+
+    /// Sends calls to `target` for `duration` as `options` say, at most `per_second` calls a
+    /// second over all connections (h2load paces each connection), and reads what h2load
+    /// measured: the latency of a load below saturation.
+    pub fn run_paced(
+        &self,
+        target: SocketAddr,
+        duration: Duration,
+        per_second: u32,
+        options: &H2LoadOptions,
+    ) -> anyhow::Result<H2LoadSummary> {
+        let duration = format!("{}ms", duration.as_millis().max(1));
+        let per_connection = (per_second / options.connections).max(1);
+        self.send_with(
+            target,
+            &["--duration", &duration, "--rps", &per_connection.to_string()],
+            options,
+        )
     }
 
     /// Sends `calls` calls to `target` as `options` say (at least one per connection), and
@@ -145,21 +186,36 @@ impl H2Load {
         limit: [&str; 2],
         options: &H2LoadOptions,
     ) -> anyhow::Result<H2LoadSummary> {
+        self.send_with(target, &limit, options)
+    }
+
+    /// Runs h2load against `target` with `limit` (its flags saying how long, how many, how
+    /// fast).
+    fn send_with(
+        &self,
+        target: SocketAddr,
+        limit: &[&str],
+        options: &H2LoadOptions,
+    ) -> anyhow::Result<H2LoadSummary> {
         let H2LoadOptions {
             connections,
             streams,
         } = *options;
-        let output = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        command
             .args(limit)
             .arg("--clients")
             .arg(connections.to_string())
             .arg("--max-concurrent-streams")
-            .arg(streams.to_string())
-            .arg("--data")
-            .arg(self.body.path())
-            .args(["--header", "content-type: application/grpc"])
-            .args(["--header", "te: trailers"])
-            .arg(format!("http://{target}{METHOD_PATH}"))
+            .arg(streams.to_string());
+        if let Some(body) = &self.body {
+            command.arg("--data").arg(body.path());
+        }
+        for header in &self.headers {
+            command.arg("--header").arg(header);
+        }
+        let output = command
+            .arg(format!("http://{target}{}", self.path))
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("running {}", self.binary.display()))?;
@@ -179,6 +235,15 @@ impl H2Load {
         }
         Ok(summary)
     }
+}
+
+/// h2load: `$TOLLGATE_H2LOAD`, else the one on the `PATH`.
+fn binary() -> anyhow::Result<PathBuf> {
+    crate::proc::find_tool(
+        "TOLLGATE_H2LOAD",
+        "h2load",
+        "it comes with the Debian package nghttp2-client",
+    )
 }
 
 /// `request` as the body of a gRPC call: a flag byte (not compressed), its length in four bytes

@@ -76,6 +76,12 @@ struct Counters {
     slice_units: Counter,
     charged_units: Counter,
     stream_errors: Counter,
+    messages: Family<DirectionLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    direction: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,6 +123,19 @@ pub fn register(registry: &mut Registry) {
         "RLQS streams ended by an error (a bad report, or the transport)",
         c.stream_errors.clone(),
     );
+    registry.register(
+        "rlqs_messages",
+        "RLQS stream messages, by direction (received: usage reports; sent: responses)",
+        c.messages.clone(),
+    );
+}
+
+/// Counts one stream message going `direction` (`received` or `sent`).
+fn count_message(direction: &'static str) {
+    counters()
+        .messages
+        .get_or_create(&DirectionLabel { direction })
+        .inc();
 }
 
 /// Counts the actions of one response by kind.
@@ -249,6 +268,7 @@ impl<B: Backend> Session<B> {
             tokio::select! {
                 message = reports.message() => match message {
                     Ok(Some(report)) => {
+                        count_message("received");
                         if let Err(status) = self.on_report(report).await {
                             log_stream_error(&status.message());
                             let _ = self.tx.send(Err(status)).await;
@@ -432,6 +452,7 @@ impl<B: Backend> Session<B> {
             return;
         }
         count_actions(&actions);
+        count_message("sent");
         let _ = self
             .tx
             .send(Ok(RateLimitQuotaResponse {

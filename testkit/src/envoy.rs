@@ -101,6 +101,8 @@ pub struct EnvoyBuilder {
     domain: String,
     rls_addr: SocketAddr,
     failure_mode_deny: bool,
+    /// Whether the edge listener runs the rate-limit filter at all.
+    filter: bool,
     descriptors: Vec<Vec<Action>>,
     /// The edge listener's access log: its format and the file it goes to.
     access_log: Option<(String, std::sync::Arc<tempfile::NamedTempFile>)>,
@@ -113,6 +115,7 @@ impl EnvoyBuilder {
             domain: domain.to_owned(),
             rls_addr,
             failure_mode_deny: false,
+            filter: true,
             descriptors: Vec::new(),
             access_log: None,
         }
@@ -136,6 +139,13 @@ impl EnvoyBuilder {
     /// the rate-limit service cannot be reached.
     pub fn failure_mode_deny(mut self, deny: bool) -> Self {
         self.failure_mode_deny = deny;
+        self
+    }
+
+    /// No rate-limit filter on the edge listener: Envoy alone, the floor a benchmark measures
+    /// the filters beside.
+    pub fn without_filter(mut self) -> Self {
+        self.filter = false;
         self
     }
 
@@ -178,7 +188,24 @@ static_resources:
                   cluster: upstream
                   rate_limits:
 {rate_limits}          http_filters:
-          - name: envoy.filters.http.ratelimit
+{filter}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+{rest}"#,
+            admin_port = admin.port(),
+            edge_port = edge.port(),
+            filter = self.filter_yaml(),
+            access_log = self.access_log_yaml(),
+            rest = upstream_and_clusters(upstream, self.rls_addr),
+        )
+    }
+
+    fn filter_yaml(&self) -> String {
+        if !self.filter {
+            return String::new();
+        }
+        format!(
+            r#"          - name: envoy.filters.http.ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
               domain: {domain}
@@ -190,16 +217,9 @@ static_resources:
                 transport_api_version: V3
                 grpc_service:
                   envoy_grpc: {{cluster_name: tollgate}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-{rest}"#,
-            admin_port = admin.port(),
-            edge_port = edge.port(),
+"#,
             domain = quote(&self.domain),
             failure_mode_deny = self.failure_mode_deny,
-            access_log = self.access_log_yaml(),
-            rest = upstream_and_clusters(upstream, self.rls_addr),
         )
     }
 
@@ -442,6 +462,11 @@ impl Envoy {
     /// The edge listener's address (the one with the rate-limit filter).
     pub fn edge_addr(&self) -> SocketAddr {
         self.edge
+    }
+
+    /// The Envoy process's id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// `GET path` on the edge listener with extra request headers.
