@@ -51,8 +51,8 @@ pub struct H2Load {
     body: Option<NamedTempFile>,
     /// The request's headers beyond h2load's own, as `name: value`.
     headers: Vec<String>,
-    /// The path every request goes to.
-    path: &'static str,
+    /// The paths the requests go to, in turn.
+    paths: Vec<String>,
     /// The RLS request the body holds, when it is one.
     request: Option<RateLimitRequest>,
 }
@@ -91,19 +91,19 @@ impl H2Load {
                 "content-type: application/grpc".to_owned(),
                 "te: trailers".to_owned(),
             ],
-            path: METHOD_PATH,
+            paths: vec![METHOD_PATH.to_owned()],
             request: Some(request),
         })
     }
 
-    /// h2load sending `GET /` with `headers` (`name: value`): plain HTTP/2 requests, as a
-    /// client sends them through Envoy.
-    pub fn get(headers: &[&str]) -> anyhow::Result<H2Load> {
+    /// h2load sending `GET` to each of `paths` in turn with `headers` (`name: value`): plain
+    /// HTTP/2 requests, as a client sends them through Envoy.
+    pub fn get(paths: &[String], headers: &[&str]) -> anyhow::Result<H2Load> {
         Ok(H2Load {
             binary: binary()?,
             body: None,
             headers: headers.iter().map(|header| (*header).to_owned()).collect(),
-            path: "/",
+            paths: paths.to_vec(),
             request: None,
         })
     }
@@ -162,7 +162,12 @@ impl H2Load {
         let per_connection = (per_second / options.connections).max(1);
         self.send_with(
             target,
-            &["--duration", &duration, "--rps", &per_connection.to_string()],
+            &[
+                "--duration",
+                &duration,
+                "--rps",
+                &per_connection.to_string(),
+            ],
             options,
         )
     }
@@ -214,8 +219,10 @@ impl H2Load {
         for header in &self.headers {
             command.arg("--header").arg(header);
         }
+        for path in &self.paths {
+            command.arg(format!("http://{target}{path}"));
+        }
         let output = command
-            .arg(format!("http://{target}{}", self.path))
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("running {}", self.binary.display()))?;

@@ -27,6 +27,7 @@ use crate::scenario::accuracy::{Accuracy, AccuracyOptions};
 use crate::scenario::attack::{Attack, AttackOptions};
 use crate::scenario::burst::{Burst, BurstOptions};
 use crate::scenario::cost::{Cost, CostOptions};
+use crate::scenario::envoy::{EnvoyOptions, EnvoyScenario};
 use crate::scenario::grpc_floor::{GrpcFloor, GrpcFloorOptions};
 use crate::scenario::hotkey::{Hotkey, HotkeyOptions};
 use crate::scenario::instructions::{Instructions, InstructionsOptions};
@@ -182,6 +183,17 @@ enum Command {
         options: LimitadorOptions,
     },
 
+    /// Envoy (one worker) with no rate-limit filter, with the RLS filter (on a plain and on a
+    /// leased limit) and with the RLQS filter, in front of one tollgate on one Redis, the same
+    /// h2load requests to each: requests a second, added latency, CPU, calls to tollgate and to
+    /// Redis per request, and a sizing table.
+    Envoy {
+        #[command(flatten)]
+        scale: ScaleArgs,
+        #[command(flatten)]
+        options: EnvoyOptions,
+    },
+
     /// Instructions per call, counted by callgrind: the empty RLS server, tollgate on the memory
     /// backend (by default, without the local cache, without per-limit statistics) and tollgate
     /// on one Redis, each under valgrind, sent the same calls by h2load (needs valgrind and
@@ -231,6 +243,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Keys { scale, options } => run_one(&scale, &Keys::new(options)),
         Command::GrpcFloor { scale, options } => run_one(&scale, &GrpcFloor::new(options)),
         Command::Limitador { scale, options } => run_one(&scale, &Limitador::new(options)),
+        Command::Envoy { scale, options } => run_one(&scale, &EnvoyScenario::new(options)),
         Command::Instructions { scale, options } => run_one(&scale, &Instructions::new(options)),
         Command::EmptyServer(args) => empty::run(&args),
         Command::Report(args) => report::run(&args),

@@ -642,7 +642,7 @@ fn burst() {
     // start of a fixed window, since its estimate weighs the window before by what is left.
     let burst = records(&results, "burst");
     let runs = of_kind(&burst, "run");
-    assert_eq!(runs.len(), 8, "{runs:?}");
+    assert_eq!(runs.len(), 10, "{runs:?}");
     for algorithm in ["counter", "log"] {
         for window in ["long", "short"] {
             for backend in ["redis", "redis-cluster"] {
@@ -822,6 +822,64 @@ fn limitador() {
     );
     assert!(smoke.doc.contains(&empty), "{}", smoke.doc);
     assert!(!smoke.results.join("limitador.jsonl").exists());
+}
+
+#[test]
+fn envoy() {
+    let Smoke {
+        dir: _dir,
+        results,
+        doc,
+        ..
+    } = smoke("envoy");
+    // envoy: every setup answered every request, saturated and paced; RLS called tollgate
+    // about once per request and Redis once per decision, RLQS far less than once.
+    let runs = records(&results, "envoy");
+    let runs = of_kind(&runs, "run");
+    assert_eq!(runs.len(), 10, "{runs:?}");
+    let per_request = |setup: &str, path: &[&str]| {
+        let run = runs
+            .iter()
+            .find(|r| r["setup"] == setup && r["pace"] == "saturated")
+            .unwrap_or_else(|| panic!("no saturated envoy run of {setup}: {runs:?}"));
+        assert!(number(run, &["load", "succeeded"]) > 0.0, "{run}");
+        // Only an RLQS Envoy may refuse, when a renewal came late on a loaded machine.
+        if !setup.starts_with("rlqs") {
+            assert_eq!(number(run, &["load", "failed"]), 0.0, "{run}");
+        }
+        number(run, path) / number(run, &["load", "succeeded"])
+    };
+    assert_eq!(per_request("no-filter", &["cost", "tollgate_calls"]), 0.0);
+    // Per request answered: the calls of the requests still in flight when h2load stopped
+    // count too, which a smoke run's few requests make visible.
+    let rls = per_request("rls", &["cost", "tollgate_calls"]);
+    assert!((0.9..=2.0).contains(&rls), "RLS calls per request: {rls}");
+    let rls_redis = per_request("rls", &["cost", "redis_calls"]);
+    assert!(
+        (0.9..=2.0).contains(&rls_redis),
+        "RLS Redis calls: {rls_redis}"
+    );
+    let rlqs = per_request("rlqs", &["cost", "tollgate_calls"]);
+    assert!(rlqs < 0.5, "RLQS messages per request: {rlqs}");
+    for pace in ["saturated", "paced"] {
+        assert_eq!(
+            runs.iter().filter(|r| r["pace"] == pace).count(),
+            5,
+            "{runs:?}"
+        );
+    }
+    assert_eq!(
+        table_after(&doc, "### Envoy with RLS and with RLQS").len(),
+        5
+    );
+    assert!(
+        doc.contains(
+            "Requests a second through Envoy, RLQS ÷ RLS, the median of the runs' ratios: "
+        ),
+        "{doc}"
+    );
+    assert_eq!(table_after(&doc, "\nPaced, the mean latency").len(), 5);
+    assert_eq!(table_after(&doc, "\n**Sizing**").len(), 3);
 }
 
 #[test]

@@ -323,7 +323,18 @@ pub fn rlqs_bootstrap(
     domain: &str,
     rlqs_addr: SocketAddr,
 ) -> impl Fn(SocketAddr, SocketAddr, SocketAddr) -> String {
+    rlqs_bootstrap_by(domain, rlqs_addr, "x-user")
+}
+
+/// [`rlqs_bootstrap`] whose per-user buckets take their value from the request header `header`
+/// (`:path` too: a benchmark varies the path where it cannot vary a header).
+pub fn rlqs_bootstrap_by(
+    domain: &str,
+    rlqs_addr: SocketAddr,
+    header: &str,
+) -> impl Fn(SocketAddr, SocketAddr, SocketAddr) -> String {
     let domain = quote(domain);
+    let header = quote(header);
     move |admin, edge, upstream| {
         format!(
             r#"admin:
@@ -360,10 +371,10 @@ static_resources:
                   - predicate:
                       single_predicate:
                         input:
-                          name: x-user
+                          name: user
                           typed_config:
                             "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                            header_name: x-user
+                            header_name: {header}
                         value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
                     on_match:
                       action:
@@ -374,10 +385,10 @@ static_resources:
                             bucket_id_builder:
                               user:
                                 custom_value:
-                                  name: x-user
+                                  name: user
                                   typed_config:
                                     "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                                    header_name: x-user
+                                    header_name: {header}
                           reporting_interval: 5s
                           expired_assignment_behavior:
                             fallback_rate_limit: {{blanket_rule: DENY_ALL}}

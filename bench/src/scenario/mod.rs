@@ -15,6 +15,7 @@ pub mod accuracy;
 pub mod attack;
 pub mod burst;
 pub mod cost;
+pub mod envoy;
 pub mod grpc_floor;
 pub mod hotkey;
 pub mod instructions;
@@ -78,6 +79,8 @@ pub enum ScenarioName {
     GrpcFloor,
     /// tollgate against Kuadrant's limitador-server on the same Redis.
     Limitador,
+    /// Envoy alone, with the RLS filter and with the RLQS filter, in front of tollgate.
+    Envoy,
     /// Instructions per call of tollgate, the empty server and redis-server's scripts, counted
     /// by callgrind.
     Instructions,
@@ -85,7 +88,7 @@ pub enum ScenarioName {
 
 impl ScenarioName {
     /// Every scenario, in report order.
-    pub const ALL: [ScenarioName; 14] = [
+    pub const ALL: [ScenarioName; 15] = [
         ScenarioName::Matrix,
         ScenarioName::Hotkey,
         ScenarioName::Attack,
@@ -99,6 +102,7 @@ impl ScenarioName {
         ScenarioName::Keys,
         ScenarioName::GrpcFloor,
         ScenarioName::Limitador,
+        ScenarioName::Envoy,
         ScenarioName::Instructions,
     ];
 
@@ -127,6 +131,7 @@ impl ScenarioName {
             ScenarioName::Keys => "keys",
             ScenarioName::GrpcFloor => "grpc-floor",
             ScenarioName::Limitador => "limitador",
+            ScenarioName::Envoy => "envoy",
             ScenarioName::Instructions => "instructions",
         }
     }
@@ -148,6 +153,7 @@ pub fn scenario(name: ScenarioName) -> Box<dyn Scenario> {
         ScenarioName::Keys => Box::new(keys::Keys::new(defaults())),
         ScenarioName::GrpcFloor => Box::new(grpc_floor::GrpcFloor::new(defaults())),
         ScenarioName::Limitador => Box::new(limitador::Limitador::new(defaults())),
+        ScenarioName::Envoy => Box::new(envoy::EnvoyScenario::new(defaults())),
         ScenarioName::Instructions => Box::new(instructions::Instructions::new(defaults())),
     }
 }
