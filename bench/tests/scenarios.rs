@@ -642,7 +642,7 @@ fn burst() {
     // start of a fixed window, since its estimate weighs the window before by what is left.
     let burst = records(&results, "burst");
     let runs = of_kind(&burst, "run");
-    assert_eq!(runs.len(), 10, "{runs:?}");
+    assert_eq!(runs.len(), 8, "{runs:?}");
     for algorithm in ["counter", "log"] {
         for window in ["long", "short"] {
             for backend in ["redis", "redis-cluster"] {
