@@ -145,7 +145,7 @@ impl H2Load {
         options: &H2LoadOptions,
     ) -> anyhow::Result<H2LoadSummary> {
         let duration = format!("{}ms", duration.as_millis().max(1));
-        self.send(target, ["--duration", &duration], options)
+        self.send(target, &["--duration", &duration], options)
     }
 
     /// Sends calls to `target` for `duration` as `options` say, at most `per_second` calls a
@@ -160,7 +160,7 @@ impl H2Load {
     ) -> anyhow::Result<H2LoadSummary> {
         let duration = format!("{}ms", duration.as_millis().max(1));
         let per_connection = (per_second / options.connections).max(1);
-        self.send_with(
+        self.send(
             target,
             &[
                 "--duration",
@@ -181,22 +181,12 @@ impl H2Load {
         options: &H2LoadOptions,
     ) -> anyhow::Result<H2LoadSummary> {
         let calls = calls.max(u64::from(options.connections)).to_string();
-        self.send(target, ["--requests", &calls], options)
+        self.send(target, &["--requests", &calls], options)
     }
 
-    /// Runs h2load against `target`, for as long or as many calls as `limit` says.
+    /// Runs h2load against `target` with `limit`: its flags saying how long, how many, how
+    /// fast.
     fn send(
-        &self,
-        target: SocketAddr,
-        limit: [&str; 2],
-        options: &H2LoadOptions,
-    ) -> anyhow::Result<H2LoadSummary> {
-        self.send_with(target, &limit, options)
-    }
-
-    /// Runs h2load against `target` with `limit` (its flags saying how long, how many, how
-    /// fast).
-    fn send_with(
         &self,
         target: SocketAddr,
         limit: &[&str],

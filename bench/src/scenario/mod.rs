@@ -107,10 +107,12 @@ impl ScenarioName {
     ];
 
     /// The page of `docs/` its section goes on: the accuracy of the algorithms beside their
-    /// explanation, every other section on the performance page.
+    /// explanation, Envoy's RLS against RLQS on the RLQS page, every other section on the
+    /// performance page.
     pub fn page(self) -> &'static str {
         match self {
             ScenarioName::Accuracy => "algorithms.md",
+            ScenarioName::Envoy => "rlqs.md",
             _ => "performance.md",
         }
     }
