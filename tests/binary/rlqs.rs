@@ -159,6 +159,18 @@ fn two_envoys_share_one_limit(store: Store) {
         streams.is_some_and(|n| n >= 2),
         "streams {streams:?} in\n{metrics}"
     );
+    // Each Envoy reported at once and was answered: the messages both ways.
+    for direction in ["received", "sent"] {
+        let series = format!("tollgate_rlqs_messages_total{{direction=\"{direction}\"}} ");
+        let messages = metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .and_then(|value| value.trim().parse::<f64>().ok());
+        assert!(
+            messages.is_some_and(|n| n >= 2.0),
+            "{direction} messages {messages:?} in\n{metrics}"
+        );
+    }
 }
 
 #[test]
