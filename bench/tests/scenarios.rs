@@ -849,7 +849,13 @@ fn envoy() {
         }
         number(run, path) / number(run, &["load", "succeeded"])
     };
-    assert_eq!(per_request("no-filter", &["cost", "tollgate_calls"]), 0.0);
+    // Envoy alone calls nothing; what tollgate counts meanwhile is the RLQS Envoys' streams,
+    // renewed in the background whatever load the run sends, a few messages a second.
+    let alone = per_request("no-filter", &["cost", "tollgate_calls"]);
+    assert!(
+        alone < 0.1,
+        "calls to tollgate per request of Envoy alone: {alone}"
+    );
     // Per request answered: the calls of the requests still in flight when h2load stopped
     // count too, which a smoke run's few requests make visible.
     let rls = per_request("rls", &["cost", "tollgate_calls"]);

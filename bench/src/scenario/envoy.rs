@@ -181,6 +181,36 @@ fn policy() -> String {
     )
 }
 
+/// The shortest warmup of a setup, whatever the scale.
+const MIN_WARMUP: Duration = Duration::from_secs(1);
+
+/// How long an Envoy may take to answer its first request through its filter.
+const FIRST_ANSWER: Duration = Duration::from_secs(30);
+
+/// Waits until `envoy` answers `GET path` (with the bench's `x-user`) with 200 or 429, the
+/// answers a run counts; fails with the last answer after [`FIRST_ANSWER`].
+fn answers_once(envoy: &Envoy, path: &str) -> anyhow::Result<()> {
+    let (name, value) = USER_HEADER
+        .split_once(": ")
+        .context("the user header is `name: value`")?;
+    let deadline = std::time::Instant::now() + FIRST_ANSWER;
+    loop {
+        let reply = envoy.get(path, &[(name, value)]);
+        if matches!(reply.status, 200 | 429) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "no answer to GET {path} in {FIRST_ANSWER:?}; the last: {} {}\n{}",
+                reply.status,
+                reply.body,
+                envoy.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The sum of every sample of the metric `name` (with or without its `_total` suffix) in a
 /// Prometheus text exposition.
 fn metric_sum(text: &str, name: &str) -> f64 {
@@ -297,10 +327,29 @@ impl Scenario for EnvoyScenario {
                 }
             }
         };
-        // The warmup opens every connection, loads the scripts, takes the first lease and
-        // brings RLQS its first assignment.
+        // Each Envoy first answers one request on its own: Envoy is LIVE before its first
+        // connection to tollgate is up, and a cold start on a loaded machine can outlast a
+        // short timed warmup, which would then see no answer at all.
         for setup in Setup::ALL {
-            let warmup = tools.scale.warmup.max(Duration::from_millis(100));
+            let path = if setup == Setup::RlqsBuckets {
+                "/u0"
+            } else {
+                "/"
+            };
+            answers_once(&envoys[setup as usize], path).with_context(|| {
+                format!(
+                    "{} never answered:\n{}",
+                    setup.label(),
+                    stand.tollgate.log()
+                )
+            })?;
+        }
+        // The warmup opens every connection, loads the scripts, takes the first lease and
+        // brings RLQS its first assignment. It lasts a second even at smoke scale: h2load's
+        // first 128 requests on fresh connections through Envoy and its filter can take longer
+        // than a smoke run's 100 ms on a loaded machine, and a warmup that sees no answer fails.
+        for setup in Setup::ALL {
+            let warmup = tools.scale.warmup.max(MIN_WARMUP);
             let warm = run_once(setup, Pace::Saturated, warmup).with_context(|| {
                 format!("the warmup of {}:\n{}", setup.label(), stand.tollgate.log())
             })?;
@@ -407,8 +456,9 @@ pub fn render(records: &[Value]) -> anyhow::Result<String> {
          counted. *Saturated*: \
          {} connections × {} requests in flight; *paced*: {} requests a second, where latency \
          is a request's own. Each run measures every Envoy, rotating which goes first. *Refused*: \
-         requests Envoy answered 429, the share of the run's. CPU per request: each process's; *calls to tollgate*: `ShouldRateLimit` calls, or RLQS \
-         messages both ways; *Redis calls*: `evalsha` and `eval` (`INFO commandstats`).\n",
+         requests Envoy answered 429, the share of the run's. CPU per request: each process's; *calls to tollgate*: `ShouldRateLimit` calls and RLQS \
+         messages both ways, counted by tollgate while the run lasts, so each row also holds the \
+         idle RLQS Envoys' renewals (Envoy alone's row shows how many); *Redis calls*: `evalsha` and `eval` (`INFO commandstats`).\n",
         measured(&conditions),
         runs.iter().map(|r| r.buckets).max().unwrap_or(1),
         first.connections,
