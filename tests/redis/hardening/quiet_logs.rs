@@ -187,11 +187,12 @@ fn a_cluster_master_failover_adds_at_most_fifty_lines() {
         decides(&tollgate),
         "the cluster decides before the failover"
     );
+    // Before the trickle: its writes keep the replicas' offsets moving.
+    cluster.wait_replicas_synced(Duration::from_secs(30));
     let trickle = Trickle::start(tollgate.grpc_addr());
     wait::until("the trickle to flow", Duration::from_secs(30), || {
         trickle.answered() >= 10
     });
-    cluster.wait_replicas_synced(Duration::from_secs(30));
     let before = tollgate.log().lines().count();
 
     cluster.fail_over_master_of("any key");
