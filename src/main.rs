@@ -172,7 +172,9 @@ fn check(path: &Path, merge_domains: Option<bool>) -> ExitCode {
 
 /// Logging as the settings resolved it (their notices follow, once it is up).
 fn init_logging(settings: &Settings) {
-    let filter = tracing_subscriber::EnvFilter::new(settings.log.directives());
+    let filter = tracing_subscriber::EnvFilter::new(tollgate::telemetry::log_filter(
+        settings.log.directives(),
+    ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

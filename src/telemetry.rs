@@ -95,6 +95,58 @@ impl CallOutcome {
     }
 }
 
+/// The directive that quiets the `redis` crate's own log lines (it logs through `log`, which
+/// reaches tollgate's subscriber): a connection lost, a slot refresh begun or failed, one line per
+/// node and attempt, hundreds in one cluster failover. Every failure it meets reaches tollgate as
+/// a failed call, which tollgate counts and logs by kind, at most once per interval.
+pub const REDIS_CRATE_DIRECTIVE: &str = "redis=off";
+
+/// The log filter for `directives` (a level, or `RUST_LOG`'s filter): with the `redis` crate
+/// quieted ([`REDIS_CRATE_DIRECTIVE`]) unless the filter names the crate itself
+/// (`RUST_LOG=info,redis=warn`) or asks for everything at `debug` or `trace`.
+pub fn log_filter(directives: &str) -> String {
+    let names_redis = directives.split(',').map(str::trim).any(|directive| {
+        directive
+            .strip_prefix("redis")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['=', ':', '[']))
+    });
+    let verbose = directives.split(',').map(str::trim).any(|directive| {
+        directive.eq_ignore_ascii_case("debug") || directive.eq_ignore_ascii_case("trace")
+    });
+    if names_redis || verbose {
+        directives.to_owned()
+    } else if directives.trim().is_empty() {
+        format!("info,{REDIS_CRATE_DIRECTIVE}")
+    } else {
+        format!("{directives},{REDIS_CRATE_DIRECTIVE}")
+    }
+}
+
+#[cfg(test)]
+mod log_filter_tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_redis_crate_is_quiet_unless_asked_for() {
+        assert_eq!(log_filter("info"), "info,redis=off");
+        assert_eq!(log_filter("warn"), "warn,redis=off");
+        assert_eq!(
+            log_filter("tollgate=debug,h2=warn"),
+            "tollgate=debug,h2=warn,redis=off"
+        );
+        assert_eq!(log_filter("info,redis=warn"), "info,redis=warn");
+        assert_eq!(
+            log_filter("redis::cluster_async=debug"),
+            "redis::cluster_async=debug"
+        );
+        assert_eq!(log_filter("debug"), "debug");
+        assert_eq!(
+            log_filter("info,redis_other=warn"),
+            "info,redis_other=warn,redis=off"
+        );
+    }
+}
+
 #[cfg(feature = "otlp")]
 mod b3;
 #[cfg(feature = "otlp")]

@@ -1,6 +1,8 @@
 //! How the backends are doing: the latency of each call by backend and operation, and failures
 //! by kind, as Prometheus metrics; and failure logging that stays quiet under a flood (each kind
-//! at most once per [`LOG_EVERY`], with the count of what was not logged, and once on recovery).
+//! at most once per [`LOG_EVERY`], with the count of what was not logged, and once on recovery,
+//! after [`LOG_EVERY`] without a failure of the kind: a connection that keeps breaking and
+//! reopening is one burst, not one line per reconnect).
 //!
 //! Backends record into one process-wide set, which the server's registry exposes: the backends
 //! stay free of the server's types, and every backend instance (the main store, the per-second
@@ -8,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -98,14 +100,23 @@ struct Observer {
     log: Mutex<HashMap<(&'static str, FailureKind), Burst>>,
     /// Set while some failure is going on; lets every success skip the lock.
     failing: AtomicBool,
+    /// When a success may first end a burst ([`millis`]): [`LOG_EVERY`] after the latest failure
+    /// of any kind; lets the successes before it skip the lock.
+    quiet_at: AtomicU64,
     late_refunds: Counter,
 }
 
-/// One kind of failure of one backend while it lasts.
+/// One kind of failure of one backend while it lasts: from its first failure until a success
+/// after [`LOG_EVERY`] without one.
 #[derive(Debug)]
 struct Burst {
+    /// When it was last logged.
     last_logged: Instant,
+    /// Its latest failure.
+    last_failure: Instant,
+    /// Failures not logged since the last line.
     suppressed: u64,
+    /// Failures since it began.
     total: u64,
 }
 
@@ -122,6 +133,7 @@ fn observer() -> &'static Observer {
         two_shards: OnceLock::new(),
         log: Mutex::new(HashMap::new()),
         failing: AtomicBool::new(false),
+        quiet_at: AtomicU64::new(0),
         late_refunds: Counter::default(),
     })
 }
@@ -259,8 +271,11 @@ impl CallLatency {
 }
 
 /// Records a failure of `kind` on `backend`: counted always; logged when this kind starts
-/// failing and then at most once per [`LOG_EVERY`], with how many were not logged. `detail` must
-/// hold no credential (the redis crate's error texts do not carry the URL).
+/// failing and then at most once per [`LOG_EVERY`], with how many were not logged. A burst ends
+/// only once a call succeeds after [`LOG_EVERY`] without a failure of its kind, so a failure that
+/// comes and goes (a connection killed every 100 ms, a failover's reconnects) is still one burst
+/// and logged once per interval, not once per success in between. `detail` must hold no
+/// credential (the redis crate's error texts do not carry the URL).
 pub fn failure(backend: &'static str, kind: FailureKind, detail: &dyn std::fmt::Display) {
     let observer = observer();
     observer
@@ -270,17 +285,22 @@ pub fn failure(backend: &'static str, kind: FailureKind, detail: &dyn std::fmt::
             kind: kind.as_str(),
         })
         .inc();
-    observer.failing.store(true, Ordering::Relaxed);
+    let now = Instant::now();
+    observer
+        .quiet_at
+        .fetch_max(millis(now + LOG_EVERY), Ordering::Relaxed);
     let Ok(mut log) = observer.log.lock() else {
         return;
     };
-    let now = Instant::now();
+    // Under the lock, as a success clears it under the lock once no burst is left.
+    observer.failing.store(true, Ordering::Relaxed);
     match log.get_mut(&(backend, kind)) {
         None => {
             log.insert(
                 (backend, kind),
                 Burst {
                     last_logged: now,
+                    last_failure: now,
                     suppressed: 0,
                     total: 1,
                 },
@@ -294,6 +314,7 @@ pub fn failure(backend: &'static str, kind: FailureKind, detail: &dyn std::fmt::
         }
         Some(burst) => {
             burst.total += 1;
+            burst.last_failure = now;
             if now.duration_since(burst.last_logged) >= LOG_EVERY {
                 let suppressed = burst.suppressed;
                 burst.suppressed = 0;
@@ -313,23 +334,24 @@ pub fn failure(backend: &'static str, kind: FailureKind, detail: &dyn std::fmt::
     }
 }
 
-/// Records a successful call on `backend`: each kind of failure that was going on is reported
-/// over, once, with its count.
+/// Records a successful call on `backend`: each kind of failure that has been quiet for
+/// [`LOG_EVERY`] is reported over, once, with its count. Until then a success says nothing (the
+/// failure may be back at once), and it costs a clock read, not the lock.
 pub fn success(backend: &'static str) {
     let observer = observer();
     if !observer.failing.load(Ordering::Relaxed) {
         return;
     }
+    let now = Instant::now();
+    if millis(now) < observer.quiet_at.load(Ordering::Relaxed) {
+        return;
+    }
     let Ok(mut log) = observer.log.lock() else {
         return;
     };
-    if log.is_empty() {
-        observer.failing.store(false, Ordering::Relaxed);
-        return;
-    }
     let mut recovered: Vec<(FailureKind, u64)> = Vec::new();
     log.retain(|(b, kind), burst| {
-        if *b == backend {
+        if *b == backend && now.duration_since(burst.last_failure) >= LOG_EVERY {
             recovered.push((*kind, burst.total));
             false
         } else {
@@ -346,8 +368,16 @@ pub fn success(backend: &'static str) {
             backend,
             kind = kind.as_str(),
             failures,
-            "backend answers again after {failures} failures of kind {}",
-            kind.as_str()
+            "backend answers again after {failures} failures of kind {}, none for {}s",
+            kind.as_str(),
+            LOG_EVERY.as_secs()
         );
     }
+}
+
+/// `at` in milliseconds since the first call, for instants kept in an atomic.
+fn millis(at: Instant) -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(at.saturating_duration_since(start).as_millis()).unwrap_or(u64::MAX)
 }

@@ -324,6 +324,24 @@ impl Config {
         self.limits.iter().collect()
     }
 
+    /// The series keys ([`Limit::series_key`]) of the limits `self` has and `next` does not, in
+    /// order, each once: what replacing `self` by `next` drops (a limit whose numbers changed is
+    /// still there). A reload says these at WARN, so a file cut short that is still valid YAML
+    /// does not take limits away unseen.
+    pub fn dropped_limits(&self, next: &Config) -> Vec<String> {
+        let kept: std::collections::HashSet<&str> =
+            next.limits.iter().map(|l| l.series_key.as_str()).collect();
+        let mut dropped: Vec<String> = self
+            .limits
+            .iter()
+            .map(|l| l.series_key.as_str())
+            .filter(|key| !kept.contains(key))
+            .map(str::to_owned)
+            .collect();
+        dropped.dedup();
+        dropped
+    }
+
     /// Entries of a `--config` directory that were passed over because they are not `*.yaml` /
     /// `*.yml` files (dot files aside, which are never read there).
     pub fn skipped(&self) -> &[std::path::PathBuf] {

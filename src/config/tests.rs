@@ -855,3 +855,20 @@ fn rate_limits_errors_say_where_and_what_to_write() {
         assert_eq!(several_error(descriptors), *expected, "{descriptors}");
     }
 }
+
+#[test]
+fn a_reload_names_the_limits_it_drops_and_not_the_ones_it_changes() {
+    let old = Config::from_yaml(
+        "old.yaml",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: path\n    rate_limit: {unit: second, requests_per_unit: 9}\n",
+    )
+    .unwrap();
+    let new = Config::from_yaml(
+        "new.yaml",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n",
+    )
+    .unwrap();
+    assert_eq!(old.dropped_limits(&new), ["edge.path"]);
+    assert!(new.dropped_limits(&old).is_empty());
+    assert_eq!(old.dropped_limits(&Config::empty()).len(), 2);
+}

@@ -113,6 +113,7 @@ pub fn reload<B: Backend>(
                 tracing::warn!("{warning}");
             }
             log_skipped(&config);
+            log_dropped(&limiter.config(), &config, source);
             limiter.set_config(Arc::new(config));
             tracing::info!(source = %source.describe(), "config reloaded");
             true
@@ -122,6 +123,38 @@ pub fn reload<B: Backend>(
             false
         }
     }
+}
+
+/// The most dropped limits a reload's warning names; the rest are counted.
+const NAMED_DROPPED: usize = 20;
+
+/// Says at WARN which limits of `old` the reload to `new` drops: a file cut short that is still
+/// valid YAML, or a policy removed by mistake, takes limits away, and their requests are
+/// allowed from then on.
+fn log_dropped(old: &crate::config::Config, new: &crate::config::Config, source: &FileSource) {
+    let dropped = old.dropped_limits(new);
+    if dropped.is_empty() {
+        return;
+    }
+    let named = dropped
+        .iter()
+        .take(NAMED_DROPPED)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = dropped.len().saturating_sub(NAMED_DROPPED);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    tracing::warn!(
+        source = %source.describe(),
+        dropped = dropped.len(),
+        "config reload drops {} {}, whose requests are no longer limited: {named}{more}",
+        dropped.len(),
+        if dropped.len() == 1 { "limit" } else { "limits" }
+    );
 }
 
 /// Says which entries of a config directory were not read, so a policy file with another

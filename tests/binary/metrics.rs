@@ -548,6 +548,26 @@ fn decide_times(tollgate: &Tollgate, times: usize) {
     });
 }
 
+/// One request for the 20-per-minute limit on a value of its own (`poll-<n>`): a backend call
+/// answered OK however many polls came before, for a poll that needs calls to keep succeeding (a
+/// recovery is logged only after 10 s of them).
+fn decide_fresh(tollgate: &Tollgate, n: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut client = rls::client(tollgate.grpc_addr()).await.expect("connect");
+        let value = format!("poll-{n}");
+        let response = client
+            .should_rate_limit(rls::request(DOMAIN, &[&[("key2", &value)]]))
+            .await
+            .expect("a decision")
+            .into_inner();
+        assert_eq!(response.overall_code, 1, "allowed: {response:?}");
+    });
+}
+
 fn tollgate_metrics(tollgate: &Tollgate) -> String {
     let reply = send(&agent(), "GET", &tollgate.url("/metrics"), &[], None);
     assert_eq!(reply.status, 200, "{reply:?}");
@@ -673,8 +693,10 @@ fn a_stopped_redis_is_counted_as_connection_and_its_return_logged() {
     assert_eq!(failure_reports(&log, "connection"), 1, "{log}");
 
     redis.restart();
+    let mut polls = 0;
     wait::until("the recovery to be logged", Duration::from_secs(30), || {
-        decide_times(&tollgate, 1);
+        polls += 1;
+        decide_fresh(&tollgate, polls);
         tollgate.log().contains("backend answers again")
     });
     let log = tollgate.log();

@@ -35,6 +35,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use super::connect::{Addr, Auth, Kind, Target};
 use super::group;
 use super::keys::KeySpace;
+use super::permissions;
 use super::scripts::{Call, Invoke, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
@@ -442,7 +443,8 @@ async fn check_permissions(
     keys: &KeySpace,
     user: &str,
 ) -> Result<(), (bool, BackendError)> {
-    let classify = |err: RedisError| match permission_error(&err, user) {
+    let rule = permissions::acl_rule(keys.prefix(), true);
+    let classify = |err: RedisError| match permission_error(&err, user, &rule) {
         Some(refused) => (true, refused),
         None => (false, backend_error(&err)),
     };
@@ -456,10 +458,10 @@ async fn check_permissions(
             return Err(classify(err));
         }
     }
-    send_once(conn, &scripts.probe(keys))
+    let probed = send_once(conn.clone(), &scripts.probe(keys))
         .await
-        .map(drop)
-        .map_err(classify)
+        .map(drop);
+    permissions::check_inside(&mut conn, keys, user, &rule, probed).await
 }
 
 /// Shards get hash tags steered to different parts of the slot space, so one hot limit's

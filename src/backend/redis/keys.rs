@@ -69,6 +69,11 @@ impl KeySpace {
         }
     }
 
+    /// The prefix every key starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The common part of every key of the limiter `identity`: prefix and hash tag. Receipts carry
     /// it, and the key functions below append their suffix to it.
     pub fn base(&self, identity: &str) -> String {

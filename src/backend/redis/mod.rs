@@ -10,10 +10,14 @@ mod cluster;
 pub mod connect;
 mod group;
 pub mod keys;
+mod permissions;
 mod scripts;
 mod single;
 
+pub use permissions::{CLIENT_COMMANDS, CLUSTER_COMMANDS, SCRIPT_COMMANDS, acl_rule};
 pub use scripts::{SETTLE_MS, refund_horizon_ms};
+
+use permissions::permission_error;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,31 +47,6 @@ fn backend_error(err: &RedisError) -> BackendError {
     }
 }
 
-/// What a permission check found: the error names the command the Redis user may not run (or
-/// the keys it may not touch) and how to grant it.
-fn permission_error(err: &RedisError, user: &str) -> Option<BackendError> {
-    if err.kind() != ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
-        return None;
-    }
-    let detail = err.to_string();
-    let lower = detail.to_ascii_lowercase();
-    let what = ["script|load", "evalsha", "eval", "script", "ping"]
-        .into_iter()
-        .find(|command| lower.contains(&format!("'{command}'")))
-        .map(|command| {
-            format!(
-                "may not run {}",
-                command.to_ascii_uppercase().replace('|', " ")
-            )
-        })
-        .unwrap_or_else(|| "may not touch tollgate's keys".to_owned());
-    Some(BackendError::Protocol(format!(
-        "the Redis user {user} {what} ({detail}); tollgate needs +evalsha +eval +script|load \
-         +ping and its key prefix (e.g. ACL SETUSER {user} +evalsha +eval +script|load +ping \
-         ~<prefix>*)"
-    )))
-}
-
 /// A failed call: what the limiter is told, and which kind of failure operators see.
 #[derive(Debug, Clone)]
 struct Failure {
@@ -83,7 +62,15 @@ impl Failure {
 
     /// A failure the `redis` crate reported.
     fn redis(err: &RedisError) -> Failure {
-        Failure::new(failure_kind(err), backend_error(err))
+        let kind = failure_kind(err);
+        let error = match kind {
+            FailureKind::NoPerm => BackendError::Protocol(format!(
+                "{err}; the Redis user may not run what the scripts run (the ACL rule tollgate \
+                 needs is in docs/security.md and in the start-up error)"
+            )),
+            _ => backend_error(err),
+        };
+        Failure::new(kind, error)
     }
 
     /// Counts and (rate-limited) logs the failure on `backend`, and hands its error on.
@@ -115,6 +102,9 @@ pub fn failure_kind(err: &RedisError) -> FailureKind {
             Some("OOM") => FailureKind::Oom,
             Some("NOPERM") => FailureKind::NoPerm,
             Some("BUSY") => FailureKind::Busy,
+            // A command a script ran that the user's ACL refuses (the code is ERR, the text
+            // says it): a permission to grant, not a script to fix.
+            _ if err.detail().is_some_and(permissions::is_permission_text) => FailureKind::NoPerm,
             // A script that raised an error, or a command it ran that failed.
             Some("ERR") if err.detail().is_some_and(is_script_error) => FailureKind::Script,
             _ if err.detail().is_some_and(is_script_error) => FailureKind::Script,

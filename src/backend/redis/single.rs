@@ -21,6 +21,7 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
 use super::group;
 use super::keys::KeySpace;
+use super::permissions;
 use super::scripts::{Call, Invoke, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
@@ -546,29 +547,42 @@ enum Checked {
     Failed(BackendError),
 }
 
-/// Loads the scripts (`SCRIPT LOAD`) and runs a harmless one (`EVALSHA` of a check-only decision
-/// on a key of its own), which is what every decision needs the user to be allowed: the commands
-/// and the key prefix.
+/// Loads the scripts (`SCRIPT LOAD`), runs every command the scripts run on keys of its own
+/// (`lua/permissions.lua`) and a harmless script call (`EVALSHA` of a check-only decision on a
+/// key of its own), which is what every decision needs the user to be allowed: the commands, the
+/// commands inside the scripts and the key prefix.
 async fn check_permissions(
     conn: &mut MultiplexedConnection,
     scripts: &Scripts,
     keys: &KeySpace,
     user: &str,
 ) -> Result<(), Checked> {
-    let classify = |err: RedisError| match super::permission_error(&err, user) {
+    let rule = permissions::acl_rule(keys.prefix(), false);
+    let classify = |err: RedisError| match super::permission_error(&err, user, &rule) {
         Some(refused) => Checked::Refused(refused),
         None => Checked::Failed(backend_error(&err)),
     };
     for cmd in scripts.load_commands() {
         cmd.query_async::<Value>(conn).await.map_err(classify)?;
     }
-    let reply = scripts
+    let probed = match scripts
         .probe(keys)
         .evalsha()
         .query_async::<Value>(conn)
         .await
-        .map_err(classify)?;
-    call_result(reply).map(drop).map_err(classify)
+    {
+        Ok(reply) => call_result(reply).map(drop),
+        Err(err) => Err(err),
+    };
+    permissions::check_inside(conn, keys, user, &rule, probed)
+        .await
+        .map_err(|(refused, err)| {
+            if refused {
+                Checked::Refused(err)
+            } else {
+                Checked::Failed(err)
+            }
+        })
 }
 
 /// Sends `commands` in one round trip and answers their replies in order: a command alone goes

@@ -6,5 +6,6 @@
 mod health;
 mod overload;
 mod permissions;
+mod quiet_logs;
 mod reload;
 mod retry;
