@@ -401,7 +401,12 @@ impl Backend for MemoryBackend {
     }
 
     async fn clear(&self, hits: &[Hit]) -> crate::backend::Cleared {
-        hits.iter().map(|hit| Ok(self.clear_one(hit))).collect()
+        hits.iter()
+            .map(|hit| {
+                self.clear_one(hit);
+                Ok(())
+            })
+            .collect()
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

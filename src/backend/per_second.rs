@@ -226,11 +226,11 @@ fn by_store(hits: &[Hit]) -> Split {
     split
 }
 
+/// One store's answers and the positions of the hits they answer.
+type Answered<T> = (Vec<usize>, Vec<Result<T, BackendError>>);
+
 /// The answers of both stores put back in the order of the `len` hits they were split from.
-fn in_order<T>(
-    len: usize,
-    parts: [(Vec<usize>, Vec<Result<T, BackendError>>); 2],
-) -> Vec<Result<T, BackendError>> {
+fn in_order<T>(len: usize, parts: [Answered<T>; 2]) -> Vec<Result<T, BackendError>> {
     let mut results: Vec<Option<Result<T, BackendError>>> = (0..len).map(|_| None).collect();
     for (at, answers) in parts {
         for (index, answer) in at.into_iter().zip(answers) {
