@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use super::App;
 use super::admin::{JSON_TYPES, parse_request};
@@ -84,55 +84,87 @@ fn entries_text(usage: &DescriptorUsage) -> String {
         .join(",")
 }
 
-/// The answer of both endpoints (and of `tollgate counters`): `{"descriptors": [{"entries":
-/// [{"key", "value"}], "limits": [{"name"?, "requestsPerUnit", "unit" | "window", "algorithm",
-/// "used", "remaining", "resetSeconds"}]}]}`. For a reset (`reset`), each limit's numbers are
-/// what its window held just before it was cleared, and `"reset": true` says so.
-pub fn usages_json(usages: &[DescriptorUsage], reset: bool) -> Value {
-    let descriptors: Vec<Value> = usages
+/// The answer of both endpoints (and of `tollgate counters`), serialized in this field order:
+/// `{"reset"?, "descriptors": [{"entries": [{"key", "value"}], "limits": [{"name"?,
+/// "requestsPerUnit", "unit" | "window", "algorithm", "used", "remaining", "resetSeconds"}]}]}`.
+/// For a reset, each limit's numbers are what its window held just before it was cleared, and
+/// `"reset": true` says so.
+#[derive(Debug, Serialize)]
+pub struct UsagesJson<'a> {
+    /// Present (true) on a reset's answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset: Option<bool>,
+    descriptors: Vec<DescriptorJson<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct DescriptorJson<'a> {
+    entries: Vec<EntryJson<'a>>,
+    limits: Vec<LimitJson<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct EntryJson<'a> {
+    key: &'a str,
+    value: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LimitJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    requests_per_unit: u32,
+    /// The unit as Envoy's proto names it, when the window is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unit: Option<String>,
+    /// Otherwise the window in seconds (`90s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    window: Option<String>,
+    algorithm: &'static str,
+    used: u64,
+    remaining: u64,
+    reset_seconds: u64,
+}
+
+/// What `usages` become in the operator's JSON ([`UsagesJson`]).
+pub fn usages_json(usages: &[DescriptorUsage], reset: bool) -> UsagesJson<'_> {
+    let descriptors = usages
         .iter()
-        .map(|usage| {
-            let entries: Vec<Value> = usage
+        .map(|usage| DescriptorJson {
+            entries: usage
                 .entries
                 .iter()
-                .map(|e| json!({"key": e.key.as_str(), "value": e.value.as_str()}))
-                .collect();
-            let limits: Vec<Value> = usage
+                .map(|e| EntryJson {
+                    key: e.key.as_str(),
+                    value: e.value.as_str(),
+                })
+                .collect(),
+            limits: usage
                 .limits
                 .iter()
                 .map(|l| {
                     let limit = &l.limit;
-                    let mut out = serde_json::Map::new();
-                    if let Some(name) = &limit.name {
-                        out.insert("name".into(), json!(name));
+                    LimitJson {
+                        name: limit.name.as_deref(),
+                        requests_per_unit: limit.requests_per_unit,
+                        unit: limit.unit.map(|unit| unit.as_str().to_uppercase()),
+                        window: limit
+                            .unit
+                            .is_none()
+                            .then(|| format!("{}s", limit.window_ms / 1000)),
+                        algorithm: limit.algorithm.as_str(),
+                        used: l.state.used,
+                        remaining: l.state.remaining,
+                        reset_seconds: l.state.reset_ms.div_ceil(1000),
                     }
-                    out.insert("requestsPerUnit".into(), json!(limit.requests_per_unit));
-                    match limit.unit {
-                        Some(unit) => {
-                            out.insert("unit".into(), json!(unit.as_str().to_uppercase()))
-                        }
-                        None => out.insert(
-                            "window".into(),
-                            json!(format!("{}s", limit.window_ms / 1000)),
-                        ),
-                    };
-                    out.insert("algorithm".into(), json!(limit.algorithm.as_str()));
-                    out.insert("used".into(), json!(l.state.used));
-                    out.insert("remaining".into(), json!(l.state.remaining));
-                    out.insert(
-                        "resetSeconds".into(),
-                        json!(l.state.reset_ms.div_ceil(1000)),
-                    );
-                    Value::Object(out)
                 })
-                .collect();
-            json!({"entries": entries, "limits": limits})
+                .collect(),
         })
         .collect();
-    if reset {
-        json!({"reset": true, "descriptors": descriptors})
-    } else {
-        json!({"descriptors": descriptors})
+    UsagesJson {
+        reset: reset.then_some(true),
+        descriptors,
     }
 }
 
@@ -148,13 +180,20 @@ fn read(body: &[u8]) -> Result<Request, Box<Response>> {
     Ok(request_from_proto(proto))
 }
 
-fn answer(value: &Value) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        format!("{value}\n"),
-    )
-        .into_response()
+fn answer(value: &UsagesJson<'_>) -> Response {
+    match serde_json::to_string(value) {
+        Ok(json) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{json}\n"),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("could not encode the answer as JSON: {e}\n"),
+        )
+            .into_response(),
+    }
 }
 
 fn failure(err: &InspectError) -> Response {
