@@ -163,7 +163,7 @@ fn counters_answer(args: &CountersArgs, reset: bool) -> anyhow::Result<String> {
         } else {
             limiter.inspect(&request).await?
         };
-        Ok(serde_json::to_string_pretty(&operator::usages_json(
+        Ok(serde_json::to_string(&operator::usages_json(
             &usages, reset,
         ))?)
     })
