@@ -9,16 +9,17 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use tollgate::backend::redis::{ClusterBackend, RedisBackend, connect};
 use tollgate::backend::{self, AnyBackend, MemoryBackend};
 use tollgate::clock::{Clock, MonotonicClock, SystemClock};
 use tollgate::config::{Config, LoadOptions};
+use tollgate::descriptor::{Descriptor, Entry as DescriptorEntry, Request};
 use tollgate::limiter::Limiter;
 use tollgate::server::mapper::Mapper;
 use tollgate::server::runtime::Wakeups;
 use tollgate::server::{
-    self, Listeners, MetricsOptions, Policies, ServeOptions, ServerTls, reload, runtime,
+    self, Listeners, MetricsOptions, Policies, ServeOptions, ServerTls, operator, reload, runtime,
 };
 use tollgate::settings::{self, Entry, Flags, LogFormat, PolicySettings, Settings, Store};
 use tollgate::telemetry;
@@ -49,6 +50,35 @@ enum Command {
               default_missing_value = "true", action = clap::ArgAction::Set)]
         merge_domains: Option<bool>,
     },
+    /// Read or reset a client's counters straight from the store, without a running instance:
+    /// the answers of the admin port's POST /counters and POST /counters/reset.
+    ///
+    /// Takes `serve`'s flags (and variables) for the policies and the store. The memory backend
+    /// keeps its counters inside each tollgate process, so there is nothing to read from outside
+    /// one: ask the running instance's admin port instead.
+    #[command(subcommand)]
+    Counters(CountersCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CountersCommand {
+    /// Print the usage of every limit each descriptor resolves to, consuming nothing.
+    Get(Box<CountersArgs>),
+    /// Clear those windows (every limit, every shard) and print what they held.
+    Reset(Box<CountersArgs>),
+}
+
+#[derive(Debug, Args)]
+struct CountersArgs {
+    /// The policy domain.
+    #[arg(long)]
+    domain: String,
+    /// One descriptor: `key=value[,key=value...]`, entries in the order Envoy sends them
+    /// (a value may not contain a comma). Repeat for several descriptors.
+    #[arg(long = "descriptor", required = true)]
+    descriptors: Vec<String>,
+    #[command(flatten)]
+    flags: Flags,
 }
 
 /// The `ratelimit` entry point: serves from the environment with envoyproxy/ratelimit's
@@ -72,7 +102,90 @@ fn main() -> ExitCode {
             merge_domains,
         } => check(&config, merge_domains),
         Command::Serve(flags) => serve(Entry::Tollgate, &flags),
+        Command::Counters(CountersCommand::Get(args)) => counters(&args, false),
+        Command::Counters(CountersCommand::Reset(args)) => counters(&args, true),
     }
+}
+
+/// `tollgate counters get|reset`: the operator's answers from the store itself.
+fn counters(args: &CountersArgs, reset: bool) -> ExitCode {
+    match counters_answer(args, reset) {
+        Ok(answer) => {
+            println!("{answer}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("tollgate counters: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn counters_answer(args: &CountersArgs, reset: bool) -> anyhow::Result<String> {
+    let descriptors = args
+        .descriptors
+        .iter()
+        .map(|text| parse_descriptor(text))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let request = Request {
+        domain: args.domain.as_str().into(),
+        descriptors,
+        hits_addend: 0,
+    };
+    let settings = Settings::resolve(Entry::Tollgate, &args.flags, &settings::process_env)?;
+    if settings.backend.store == Store::Memory {
+        anyhow::bail!(
+            "the memory backend keeps counters inside each tollgate process; there is no store \
+             to read from outside one. Ask the running instance instead: POST /counters on its \
+             admin port, or pick the store with --backend redis|redis-cluster and --redis-url"
+        );
+    }
+    let PolicySettings::Files(source) = &settings.policies else {
+        anyhow::bail!("counters reads the policies from files: give --config");
+    };
+    let config = source.load_with(settings.load_options)?;
+    // Only what a reset clears is worth a log line (to stderr, as `serve` logs).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let backend = connect_backend(&settings).await?;
+        let limiter = Limiter::new(Arc::new(config), backend, settings.limiter);
+        let usages = if reset {
+            let usages = limiter.reset(&request).await?;
+            operator::log_reset(&request, &usages, "tollgate counters reset");
+            usages
+        } else {
+            limiter.inspect(&request).await?
+        };
+        Ok(serde_json::to_string(&operator::usages_json(
+            &usages, reset,
+        ))?)
+    })
+}
+
+/// One `--descriptor`: `key=value[,key=value...]`.
+fn parse_descriptor(text: &str) -> anyhow::Result<Descriptor> {
+    let entries = text
+        .split(',')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() => Ok(DescriptorEntry::new(key, value)),
+            _ => Err(anyhow::anyhow!(
+                "--descriptor {text:?}: {pair:?} is not key=value (expected \
+                 key=value[,key=value...], keys not empty)"
+            )),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Descriptor {
+        entries,
+        limit: None,
+        hits_addend: None,
+    })
 }
 
 /// Whether the binary was started under the reference's name.
@@ -249,6 +362,7 @@ async fn serve_with(
         require_config: settings.healthy_with_at_least_one_config_loaded,
         metrics: metrics_options(&settings),
         grpc_fast_path: settings.grpc.fast_path,
+        admin_allow_reset: settings.admin_allow_reset,
     };
     server::serve(Arc::new(limiter), listeners, options, termination())
         .await

@@ -122,6 +122,8 @@ pub struct Settings {
     pub reload_settle: Duration,
     /// Whether a reload of the policy files that finds no policies at all is applied.
     pub allow_empty_config: bool,
+    /// `--admin-allow-reset`: whether `POST /counters/reset` may clear windows.
+    pub admin_allow_reset: bool,
     /// How long SIGTERM waits for calls in flight.
     pub drain_timeout: Duration,
     /// The most decisions in flight at once; `None`: unbounded.
@@ -411,6 +413,7 @@ impl Settings {
             reload_interval: flags.reload_interval.unwrap_or(Duration::from_secs(2)),
             reload_settle: flags.reload_settle.unwrap_or(DEFAULT_RELOAD_SETTLE),
             allow_empty_config: flags.allow_empty_config.unwrap_or(false),
+            admin_allow_reset: flags.admin_allow_reset.unwrap_or(false),
             drain_timeout: flags.drain_timeout.unwrap_or(Duration::from_secs(10)),
             max_in_flight: match flags.max_in_flight {
                 Some(0) => None,

@@ -37,7 +37,10 @@ use prometheus_client::registry::Registry;
 use crate::clock::Clock;
 use crate::window::{Algorithm, Cost, Counting, Verdict};
 
-use super::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, SustainedFailure};
+use super::{
+    Backend, BackendError, Cleared, Hit, MemoryUsage, Outcome, Peeked, Receipt, Results,
+    SustainedFailure,
+};
 
 /// The longest lease, in milliseconds. Short against every window (at least one second), and
 /// below the margin the Redis scripts keep keys alive beyond their newest entry.
@@ -565,6 +568,40 @@ impl<B: Backend> Backend for Leased<B> {
             }
         }
         result
+    }
+
+    /// The store's word: it holds every slice an instance reserved as charged, so what
+    /// instances hold counts as used.
+    fn peek(&self, hits: &[Hit]) -> impl Future<Output = Peeked> + Send {
+        self.inner.peek(hits)
+    }
+
+    /// Drops this instance's slices of the cleared limits, unsettled, while the store clears
+    /// them: no hit spends a slice whose charge is gone, and none is reserved meanwhile. Other
+    /// instances spend what they hold until their lease ends (a second at most).
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        let mut keys: Vec<SliceKey> = hits
+            .iter()
+            .map(|hit| (hit.key.clone(), hit.algorithm, hit.window_ms))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let slots: Vec<Arc<tokio::sync::Mutex<Slot>>> = {
+            let slots = self.slots();
+            keys.iter()
+                .filter_map(|key| slots.get(key).cloned())
+                .collect()
+        };
+        // Locked in key order, so two clears never wait on each other.
+        let mut held = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let mut slot = slot.lock().await;
+            *slot = Slot::default();
+            held.push(slot);
+        }
+        let cleared = self.inner.clear(hits).await;
+        drop(held);
+        cleared
     }
 
     /// A leased hit is answered from its own slice, apart from its group.

@@ -54,7 +54,8 @@ use prometheus_client::registry::Registry;
 use smallvec::SmallVec;
 
 use crate::backend::{
-    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
+    Backend, BackendError, Cleared, Hit, MemoryUsage, Outcome, Peeked, Receipt, Results, ShardKeys,
+    SustainedFailure,
 };
 use crate::clock::Clock;
 use crate::window::{self, Algorithm, Cost, Counting, Verdict};
@@ -715,6 +716,23 @@ impl<B: Backend> Backend for LocalCache<B> {
         self.inner.joint(group)
     }
 
+    /// The store's word, never the cache's: a cached refusal says nothing of the usage.
+    fn peek(&self, hits: &[Hit]) -> impl Future<Output = Peeked> + Send {
+        self.inner.peek(hits)
+    }
+
+    /// Drops the cleared windows' refusals, before the clear and again once it is done, as a
+    /// release does, so that this instance admits again at once.
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        if self.stripe_budget == 0 {
+            return self.inner.clear(hits).await;
+        }
+        self.forget_keys(hits.iter().map(|hit| hit.key.as_str()));
+        let cleared = self.inner.clear(hits).await;
+        self.forget_keys(hits.iter().map(|hit| hit.key.as_str()));
+        cleared
+    }
+
     async fn ping(&self) -> Result<(), BackendError> {
         self.inner.ping().await
     }
@@ -744,13 +762,19 @@ impl<B: Backend> Backend for LocalCache<B> {
 
 impl<B> LocalCache<B> {
     fn forget(&self, receipts: &[Receipt]) {
-        for receipt in receipts {
-            let hash = self.hash(&receipt.key);
+        self.forget_keys(receipts.iter().map(|receipt| receipt.key.as_str()));
+    }
+
+    /// Drops the entries of the windows `keys` name, and marks their stripes released so that
+    /// no refusal decided meanwhile is stored.
+    fn forget_keys<'k>(&self, keys: impl Iterator<Item = &'k str>) {
+        for key in keys {
+            let hash = self.hash(key);
             let index = Self::stripe_index(hash);
             let mut stripe = self.stripe(index);
             self.releases[index].fetch_add(1, Ordering::Relaxed);
             let (bytes, len) = (stripe.bytes(), stripe.entries.len());
-            if stripe.remove(hash, &receipt.key) {
+            if stripe.remove(hash, key) {
                 self.account(&stripe, bytes, len);
             }
         }

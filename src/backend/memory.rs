@@ -58,6 +58,7 @@ use crate::backend::{Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, 
 use crate::clock::{Clock, SystemClock};
 use crate::window::{self, Algorithm, Cost, Counting};
 
+mod inspect;
 mod log;
 
 use log::{LogEntry, LogId, Logs};
@@ -393,6 +394,19 @@ impl Backend for MemoryBackend {
             self.refund(receipt);
         }
         Ok(())
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> crate::backend::Peeked {
+        hits.iter().map(|hit| Ok(self.peek_one(hit))).collect()
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> crate::backend::Cleared {
+        hits.iter()
+            .map(|hit| {
+                self.clear_one(hit);
+                Ok(())
+            })
+            .collect()
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

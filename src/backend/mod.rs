@@ -2,6 +2,7 @@
 //! nothing of descriptors, domains or YAML. Each hit is decided atomically on its own; the limiter
 //! combines the verdicts and gives back (releases) what a rejected request took.
 
+pub mod inspect;
 pub mod lease;
 pub mod local_cache;
 pub mod memory;
@@ -17,6 +18,7 @@ use futures_util::future::Either;
 
 use crate::window::{Algorithm, Cost, Counting, Verdict};
 
+pub use inspect::WindowState;
 pub use local_cache::LocalCache;
 pub use memory::MemoryBackend;
 pub use per_second::PerSecond;
@@ -166,6 +168,23 @@ pub struct SustainedFailure {
 /// What [`Backend::acquire`] answers: one result per hit, in order.
 pub type Results = Vec<Result<Outcome, BackendError>>;
 
+/// What [`Backend::peek`] answers: one window's state per hit, in order.
+pub type Peeked = Vec<Result<WindowState, BackendError>>;
+
+/// What [`Backend::clear`] answers: one result per hit, in order.
+pub type Cleared = Vec<Result<(), BackendError>>;
+
+/// The answer of a backend that cannot read or clear its windows (a test double), per hit.
+fn unsupported<T>(hits: &[Hit]) -> Vec<Result<T, BackendError>> {
+    hits.iter()
+        .map(|_| {
+            Err(BackendError::Protocol(
+                "this backend cannot read or clear its windows".into(),
+            ))
+        })
+        .collect()
+}
+
 /// A store that decides hits against sliding windows.
 pub trait Backend: Send + Sync + 'static {
     /// Charges each hit against its window and answers one result per hit, in order. Each hit is
@@ -187,6 +206,22 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         receipts: &[Receipt],
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Reads each hit's window as it stands, for an operator: nothing is charged, written or
+    /// extended (no key is created, no expiry moved), so asking never changes an answer. Only
+    /// the hit's identity (key, algorithm, window, `descriptor_tag`), `limit` and `shards` are
+    /// read. A sharded hit answers the sum over its shards; a leased one counts the slices
+    /// instances hold as used, since the store holds them charged.
+    fn peek(&self, hits: &[Hit]) -> impl Future<Output = Peeked> + Send {
+        std::future::ready(unsupported(hits))
+    }
+
+    /// Forgets each hit's window, for an operator's reset: every shard of it, the refundable
+    /// tally and the slices the store holds charged. Safe to repeat; a refund or settlement that
+    /// arrives afterwards finds nothing and gives nothing back. Reads what [`Backend::peek`] reads.
+    fn clear(&self, hits: &[Hit]) -> impl Future<Output = Cleared> + Send {
+        std::future::ready(unsupported(hits))
+    }
 
     /// Checks that the backend answers, for health reporting.
     fn ping(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
@@ -285,6 +320,22 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.release(receipts).await,
             AnyBackend::Redis(b) => Box::pin(b.release(receipts)).await,
             AnyBackend::Cluster(b) => Box::pin(b.release(receipts)).await,
+        }
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        match self {
+            AnyBackend::Memory(b) => b.peek(hits).await,
+            AnyBackend::Redis(b) => Box::pin(b.peek(hits)).await,
+            AnyBackend::Cluster(b) => Box::pin(b.peek(hits)).await,
+        }
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        match self {
+            AnyBackend::Memory(b) => b.clear(hits).await,
+            AnyBackend::Redis(b) => Box::pin(b.clear(hits)).await,
+            AnyBackend::Cluster(b) => Box::pin(b.clear(hits)).await,
         }
     }
 

@@ -6,7 +6,8 @@
 use futures_util::future::Either;
 
 use crate::backend::{
-    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
+    Backend, BackendError, Cleared, Hit, MemoryUsage, Outcome, Peeked, Receipt, Results, ShardKeys,
+    SustainedFailure,
 };
 
 /// The window, in milliseconds, whose limits go to the per-second backend.
@@ -137,6 +138,26 @@ impl<B: Backend> Backend for PerSecond<B> {
         fast.and(slow)
     }
 
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        let Some(per_second) = &self.per_second else {
+            return self.main.peek(hits).await;
+        };
+        let ((fast_at, fast), (slow_at, slow)) = by_store(hits);
+        let (fast, slow) =
+            futures_util::future::join(per_second.peek(&fast), self.main.peek(&slow)).await;
+        in_order(hits.len(), [(fast_at, fast), (slow_at, slow)])
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        let Some(per_second) = &self.per_second else {
+            return self.main.clear(hits).await;
+        };
+        let ((fast_at, fast), (slow_at, slow)) = by_store(hits);
+        let (fast, slow) =
+            futures_util::future::join(per_second.clear(&fast), self.main.clear(&slow)).await;
+        in_order(hits.len(), [(fast_at, fast), (slow_at, slow)])
+    }
+
     async fn ping(&self) -> Result<(), BackendError> {
         self.main.ping().await?;
         match &self.per_second {
@@ -185,6 +206,45 @@ impl<B: ShardKeys> ShardKeys for PerSecond<B> {
     fn shard_key(&self, key: &str, shard: u16, shards: u16) -> String {
         self.for_window(0).shard_key(key, shard, shards)
     }
+}
+
+/// Positions and copies of the hits of `hits` that go to each store: the one-second windows
+/// first, then the others.
+type Split = ((Vec<usize>, Vec<Hit>), (Vec<usize>, Vec<Hit>));
+
+fn by_store(hits: &[Hit]) -> Split {
+    let mut split: Split = Default::default();
+    for (index, hit) in hits.iter().enumerate() {
+        let (at, part) = if hit.window_ms == ONE_SECOND_MS {
+            &mut split.0
+        } else {
+            &mut split.1
+        };
+        at.push(index);
+        part.push(hit.clone());
+    }
+    split
+}
+
+/// One store's answers and the positions of the hits they answer.
+type Answered<T> = (Vec<usize>, Vec<Result<T, BackendError>>);
+
+/// The answers of both stores put back in the order of the `len` hits they were split from.
+fn in_order<T>(len: usize, parts: [Answered<T>; 2]) -> Vec<Result<T, BackendError>> {
+    let mut results: Vec<Option<Result<T, BackendError>>> = (0..len).map(|_| None).collect();
+    for (at, answers) in parts {
+        for (index, answer) in at.into_iter().zip(answers) {
+            if let Some(slot) = results.get_mut(index) {
+                *slot = Some(answer);
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|result| {
+            result.unwrap_or_else(|| Err(BackendError::Protocol("a hit went unanswered".into())))
+        })
+        .collect()
 }
 
 #[cfg(test)]

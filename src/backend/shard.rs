@@ -23,7 +23,8 @@ use std::fmt::Write as _;
 use futures_util::future::Either;
 
 use crate::backend::{
-    Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, Results, SustainedFailure,
+    Backend, BackendError, Cleared, Hit, MemoryUsage, Outcome, Peeked, Receipt, Results,
+    SustainedFailure, WindowState,
 };
 use crate::window::{self, Cost, Counting};
 
@@ -122,6 +123,26 @@ impl<B: ShardKeys> Sharded<B> {
             descriptor_tag: false,
             slice: false,
         }
+    }
+}
+
+impl<B: ShardKeys> Sharded<B> {
+    /// Every window `hits` name, each sharded hit as all of its shard windows in order, and how
+    /// many windows each hit became.
+    fn every_shard(&self, hits: &[Hit]) -> (Vec<usize>, Vec<Hit>) {
+        let mut spans = Vec::with_capacity(hits.len());
+        let mut windows = Vec::with_capacity(hits.len());
+        for hit in hits {
+            if is_sharded(hit) {
+                spans.push(usize::from(hit.shards));
+                windows
+                    .extend((0..hit.shards).map(|shard| self.shard_hit(hit, shard, hit.counting)));
+            } else {
+                spans.push(1);
+                windows.push(hit.clone());
+            }
+        }
+        (spans, windows)
     }
 }
 
@@ -254,6 +275,48 @@ impl<B: Backend + ShardKeys> Backend for Sharded<B> {
     /// backend.
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         self.inner.release(receipts).await
+    }
+
+    /// A sharded hit reads every shard window and answers their sum.
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        if !hits.iter().any(is_sharded) {
+            return self.inner.peek(hits).await;
+        }
+        let (spans, windows) = self.every_shard(hits);
+        let mut states = self.inner.peek(&windows).await.into_iter();
+        spans
+            .into_iter()
+            .map(|count| {
+                let parts: Vec<Result<WindowState, BackendError>> =
+                    states.by_ref().take(count).collect();
+                if parts.len() < count {
+                    return Err(BackendError::Protocol("a shard went unanswered".into()));
+                }
+                parts
+                    .into_iter()
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(WindowState::sum)
+            })
+            .collect()
+    }
+
+    /// A sharded hit clears every shard window.
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        if !hits.iter().any(is_sharded) {
+            return self.inner.clear(hits).await;
+        }
+        let (spans, windows) = self.every_shard(hits);
+        let mut cleared = self.inner.clear(&windows).await.into_iter();
+        spans
+            .into_iter()
+            .map(|count| {
+                let parts: Vec<Result<(), BackendError>> = cleared.by_ref().take(count).collect();
+                if parts.len() < count {
+                    return Err(BackendError::Protocol("a shard went unanswered".into()));
+                }
+                parts.into_iter().collect()
+            })
+            .collect()
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

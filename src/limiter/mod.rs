@@ -37,10 +37,12 @@ use smallvec::SmallVec;
 pub use crate::counter_key::limiter_key;
 
 mod choose;
+mod inspect;
 mod metadata;
 mod quota;
 
 use choose::{Answer, most_constrained, usage_of};
+pub use inspect::{DescriptorUsage, InspectError, LimitUsage};
 pub use quota::{Grant, Quota, Refusal};
 
 use crate::backend::{Backend, BackendError, Hit, Outcome, Receipt, Results};

@@ -25,6 +25,8 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
         .route("/metrics", get(metrics::<B>))
         .route("/rlconfig", get(rlconfig::<B>))
         .route("/json", post(json::<B>))
+        .route("/counters", post(super::operator::counters::<B>))
+        .route("/counters/reset", post(super::operator::reset::<B>))
         .with_state(app)
 }
 
@@ -80,12 +82,12 @@ async fn rlconfig<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
 }
 
 /// The message descriptors for proto3 JSON, decoded once from the embedded descriptor set.
-struct JsonTypes {
-    request: MessageDescriptor,
+pub(super) struct JsonTypes {
+    pub(super) request: MessageDescriptor,
     response: MessageDescriptor,
 }
 
-static JSON_TYPES: LazyLock<Result<JsonTypes, String>> = LazyLock::new(|| {
+pub(super) static JSON_TYPES: LazyLock<Result<JsonTypes, String>> = LazyLock::new(|| {
     let pool = DescriptorPool::decode(FILE_DESCRIPTOR_SET).map_err(|e| e.to_string())?;
     let find = |name: &str| {
         pool.get_message_by_name(name)
@@ -156,7 +158,10 @@ pub async fn answer_json<B: Backend>(app: &App<B>, body: &[u8]) -> Response {
 }
 
 /// Reads the proto3 JSON of a `RateLimitRequest`.
-fn parse_request(descriptor: &MessageDescriptor, body: &[u8]) -> Result<RateLimitRequest, String> {
+pub(super) fn parse_request(
+    descriptor: &MessageDescriptor,
+    body: &[u8],
+) -> Result<RateLimitRequest, String> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let message = DynamicMessage::deserialize(descriptor.clone(), &mut deserializer)
         .map_err(|e| format!("body is not the proto3 JSON of a RateLimitRequest: {e}"))?;

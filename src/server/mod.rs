@@ -8,6 +8,7 @@ pub mod health;
 pub mod incoming;
 pub mod mapper;
 pub mod metrics;
+pub mod operator;
 pub mod reload;
 pub mod rlqs;
 pub mod rls;
@@ -190,6 +191,8 @@ pub struct ServeOptions {
     /// Whether `ShouldRateLimit` takes the hand-written path ([`fast_path`], the default) or,
     /// when `false`, tonic's generated service ([`rls::GeneratedRls`]), which answers alike.
     pub grpc_fast_path: bool,
+    /// Whether `POST /counters/reset` may clear windows (`--admin-allow-reset`).
+    pub admin_allow_reset: bool,
 }
 
 impl ServeOptions {
@@ -212,6 +215,7 @@ impl ServeOptions {
             require_config: false,
             metrics: MetricsOptions::default(),
             grpc_fast_path: true,
+            admin_allow_reset: false,
         }
     }
 }
@@ -328,6 +332,7 @@ pub async fn serve<B: Backend>(
         options.max_in_flight,
     );
     app.metrics = metrics;
+    app.allow_reset = options.admin_allow_reset;
     let app = Arc::new(app);
 
     let reflection = || {

@@ -120,6 +120,12 @@ pub struct Flags {
     /// Listen address of the admin HTTP interface [default: 0.0.0.0:8080; also HOST, PORT].
     #[arg(long, env = "TOLLGATE_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
+    /// Let `POST /counters/reset` on the admin interface clear a client's windows; without it
+    /// the endpoint answers 403. Anyone who reaches the admin port could otherwise hand a
+    /// client its quota back (see docs/security.md) [default: false].
+    #[arg(long, env = "TOLLGATE_ADMIN_ALLOW_RESET", num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub admin_allow_reset: Option<bool>,
     /// Listen address of the debug HTTP interface (/rlconfig, /metrics) [default: off; under
     /// `ratelimit` 0.0.0.0:6070; also DEBUG_HOST, DEBUG_PORT].
     #[arg(long, env = "TOLLGATE_DEBUG_ADDR")]

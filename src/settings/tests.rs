@@ -153,6 +153,30 @@ fn the_grpc_fast_path_flag_is_on_unless_turned_off() {
     assert!(!fast_path(&["--grpc-fast-path", "false"]));
 }
 
+/// `--admin-allow-reset` is off unless asked for, by the flag or `TOLLGATE_ADMIN_ALLOW_RESET`
+/// (which clap reads for the flag, so it is tried through the flag's parser).
+#[test]
+fn admin_reset_is_off_unless_asked_for() {
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        flags: Flags,
+    }
+    let allowed = |args: &[&str]| {
+        let parsed = <Serve as clap::Parser>::try_parse_from(
+            ["serve", "--config", "examples/"].iter().chain(args),
+        )
+        .unwrap_or_else(|err| panic!("{args:?}: {err}"));
+        resolve(Entry::Tollgate, &parsed.flags, &[])
+            .unwrap()
+            .admin_allow_reset
+    };
+    assert!(!allowed(&[]));
+    assert!(allowed(&["--admin-allow-reset"]));
+    assert!(allowed(&["--admin-allow-reset=true"]));
+    assert!(!allowed(&["--admin-allow-reset=false"]));
+}
+
 #[test]
 fn the_hardening_flags_default_safe_and_reach_their_settings() {
     let settings = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate::backend::{
-    AnyBackend, Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, RedisBackend, ShardKeys,
-    SustainedFailure,
+    AnyBackend, Backend, BackendError, Cleared, Hit, MemoryUsage, Outcome, Peeked, Receipt,
+    RedisBackend, ShardKeys, SustainedFailure,
 };
 use tollgate::clock::{Clock, ManualClock};
 
@@ -19,7 +19,8 @@ mod erased {
     use std::pin::Pin;
 
     use tollgate::backend::{
-        Backend, BackendError, Hit, MemoryUsage, Outcome, Receipt, SustainedFailure,
+        Backend, BackendError, Cleared, Hit, MemoryUsage, Outcome, Peeked, Receipt,
+        SustainedFailure,
     };
 
     type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -34,6 +35,8 @@ mod erased {
             receipts: &'a [Receipt],
         ) -> BoxFuture<'a, Result<(), BackendError>>;
         fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>>;
+        fn peek<'a>(&'a self, hits: &'a [Hit]) -> BoxFuture<'a, Peeked>;
+        fn clear<'a>(&'a self, hits: &'a [Hit]) -> BoxFuture<'a, Cleared>;
         fn maintain(&self) -> BoxFuture<'_, ()>;
         fn memory_usage(&self) -> Option<MemoryUsage>;
         fn failing_since(&self) -> Option<SustainedFailure>;
@@ -57,6 +60,14 @@ mod erased {
 
         fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
             Box::pin(Backend::ping(self))
+        }
+
+        fn peek<'a>(&'a self, hits: &'a [Hit]) -> BoxFuture<'a, Peeked> {
+            Box::pin(Backend::peek(self, hits))
+        }
+
+        fn clear<'a>(&'a self, hits: &'a [Hit]) -> BoxFuture<'a, Cleared> {
+            Box::pin(Backend::clear(self, hits))
         }
 
         fn maintain(&self) -> BoxFuture<'_, ()> {
@@ -103,6 +114,14 @@ impl fmt::Debug for TestBackend {
 impl Backend for TestBackend {
     async fn acquire(&self, hits: &[Hit]) -> Vec<Result<Outcome, BackendError>> {
         self.inner.acquire(hits).await
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        self.inner.peek(hits).await
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        self.inner.clear(hits).await
     }
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
@@ -184,6 +203,16 @@ impl<B: Backend> Backend for ForceShards<B> {
         self.inner.joint(&self.force(group))
     }
 
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        let hits = self.force(hits);
+        self.inner.peek(&hits).await
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        let hits = self.force(hits);
+        self.inner.clear(&hits).await
+    }
+
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         self.inner.release(receipts).await
     }
@@ -228,6 +257,14 @@ impl Backend for ClockedRedis {
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         self.inner.release_at(receipts, self.clock.now_ms()).await
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        self.inner.peek_at(hits, Some(self.clock.now_ms())).await
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        self.inner.clear(hits).await
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
@@ -286,6 +323,20 @@ impl Backend for ClockedStore {
         match self {
             ClockedStore::Memory(b) => b.ping().await,
             ClockedStore::Redis(b) => b.ping().await,
+        }
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        match self {
+            ClockedStore::Memory(b) => b.peek(hits).await,
+            ClockedStore::Redis(b) => b.peek(hits).await,
+        }
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        match self {
+            ClockedStore::Memory(b) => b.clear(hits).await,
+            ClockedStore::Redis(b) => b.clear(hits).await,
         }
     }
 
@@ -356,6 +407,14 @@ impl<B: Backend> Backend for CountCalls<B> {
         self.refunds
             .fetch_add(receipts.len() as u64, Ordering::SeqCst);
         self.inner.release(receipts).await
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        self.inner.peek(hits).await
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        self.inner.clear(hits).await
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

@@ -17,6 +17,7 @@ mod connections;
 mod failures;
 mod group;
 mod hardening;
+mod inspect;
 mod keys;
 mod scripts;
 mod shards;

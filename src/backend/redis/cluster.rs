@@ -33,14 +33,15 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::connect::{Addr, Auth, Kind, Target};
-use super::group;
 use super::keys::KeySpace;
 use super::permissions;
 use super::scripts::{Call, Invoke, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error, permission_error};
+use super::{group, inspect};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{
-    Backend, BackendError, Hit, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
+    Backend, BackendError, Cleared, Hit, Outcome, Peeked, Receipt, Results, ShardKeys,
+    SustainedFailure,
 };
 
 /// The least time given to opening connections and loading the slot map, whatever the per-call
@@ -493,6 +494,25 @@ impl Backend for ClusterBackend {
         let results = join_all(calls.iter().map(|call| self.call(call, Operation::Release))).await;
         count_late_refunds(&results);
         results.into_iter().try_for_each(|result| result.map(drop))
+    }
+
+    /// Each window is read on the node of its slot, all concurrently.
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        join_all(hits.iter().map(|hit| async move {
+            let call = self.scripts.peek(&self.keys, hit)?;
+            let reply = self.call(&call, Operation::Acquire).await?;
+            inspect::window_state(hit, reply)
+        }))
+        .await
+    }
+
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        join_all(hits.iter().map(|hit| async move {
+            let call = self.scripts.clear(&self.keys, hit);
+            let reply = self.call(&call, Operation::Release).await?;
+            inspect::cleared(hit, reply)
+        }))
+        .await
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

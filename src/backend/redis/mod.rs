@@ -9,6 +9,7 @@
 mod cluster;
 pub mod connect;
 mod group;
+mod inspect;
 pub mod keys;
 mod permissions;
 mod scripts;

@@ -45,6 +45,10 @@ pub struct Scripts {
     log_refund: Script,
     /// The limits of one descriptor decided together (`lua/group.lua`, made by `group_script!`).
     group: Script,
+    /// Reads a window without writing (`lua/peek.lua`).
+    peek: Script,
+    /// Deletes a window's keys (`lua/clear.lua`).
+    clear: Script,
     /// How long a tentative charge of a request stays refundable ([`refund_horizon_ms`]).
     horizon_ms: u64,
 }
@@ -121,6 +125,8 @@ impl Scripts {
             counter_refund: Script::new(script_with_tally!("counter_refund.lua")),
             log_refund: Script::new(script_with_tally!("log_refund.lua")),
             group: Script::new(group_script!()),
+            peek: Script::new(include_str!("../../../lua/peek.lua")),
+            clear: Script::new(include_str!("../../../lua/clear.lua")),
             horizon_ms: refund_horizon_ms(timeout),
         }
     }
@@ -224,6 +230,41 @@ impl Scripts {
             args,
             base: keys.hit_base(&hit.key, hit.descriptor_tag),
         })
+    }
+
+    /// The call that reads `hit`'s window without writing (`lua/peek.lua`), or why it cannot
+    /// be made.
+    pub fn peek<'a>(&'a self, keys: &KeySpace, hit: &Hit) -> Result<Call<'a>, BackendError> {
+        if hit.window_ms == 0 || hit.window_ms > MAX_WINDOW_MS {
+            return Err(BackendError::Protocol(format!(
+                "window of {} ms is outside 1..={MAX_WINDOW_MS} ms",
+                hit.window_ms
+            )));
+        }
+        let (algorithm, suffixes) = match hit.algorithm {
+            Algorithm::SlidingWindowCounter => (0, COUNTER_KEYS),
+            // The log's sorted set alone: its entries are what the window holds.
+            Algorithm::SlidingWindowLog => (1, LOG_KEYS.split_at(1).0),
+        };
+        Ok(Call {
+            script: &self.peek,
+            suffixes,
+            args: Args::new([algorithm, hit.window_ms]),
+            base: keys.hit_base(&hit.key, hit.descriptor_tag),
+        })
+    }
+
+    /// The call that deletes every key of `hit`'s window (`lua/clear.lua`).
+    pub fn clear<'a>(&'a self, keys: &KeySpace, hit: &Hit) -> Call<'a> {
+        Call {
+            script: &self.clear,
+            suffixes: match hit.algorithm {
+                Algorithm::SlidingWindowCounter => COUNTER_KEYS,
+                Algorithm::SlidingWindowLog => LOG_KEYS,
+            },
+            args: Args::new([]),
+            base: keys.hit_base(&hit.key, hit.descriptor_tag),
+        }
     }
 
     /// The call that gives back the charge `receipt` names, all of it but `receipt.keep`, and

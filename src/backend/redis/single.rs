@@ -19,14 +19,15 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisError, RedisResult, Value};
 
 use super::connect::{Kind, Manager, Pool, Pooled, Target};
-use super::group;
 use super::keys::KeySpace;
 use super::permissions;
 use super::scripts::{Call, Invoke, Scripts, count_late_refunds};
 use super::{Failure, FailureLog, Reconnecting, backend_error};
+use super::{group, inspect};
 use crate::backend::observe::{self, CallLatency, FailureKind, Operation};
 use crate::backend::{
-    Backend, BackendError, Hit, Outcome, Receipt, Results, ShardKeys, SustainedFailure,
+    Backend, BackendError, Cleared, Hit, Outcome, Peeked, Receipt, Results, ShardKeys,
+    SustainedFailure,
 };
 
 /// Shared connections kept checked out of the pool, unless the target says otherwise. One: every
@@ -172,6 +173,80 @@ impl RedisBackend {
     /// charge was decided by.
     pub async fn release_at(&self, receipts: &[Receipt], now_ms: u64) -> Result<(), BackendError> {
         self.refund(receipts, Some(now_ms)).await
+    }
+
+    /// Reads `hits`' windows as if the server's clock read `now_ms` (tests), else by its own.
+    pub async fn peek_at(&self, hits: &[Hit], now_ms: Option<u64>) -> Peeked {
+        let calls = hits
+            .iter()
+            .map(|hit| {
+                let call = self.scripts.peek(&self.keys, hit)?;
+                Ok(match now_ms {
+                    Some(now) => call.at(now),
+                    None => call,
+                })
+            })
+            .collect();
+        self.each(hits, calls, false, inspect::window_state).await
+    }
+
+    /// Sends each call that could be made (one per hit, in one pipeline) and reads its reply
+    /// with `read`; a call that could not be made answers its error.
+    async fn each<T>(
+        &self,
+        hits: &[Hit],
+        calls: Vec<Result<Call<'_>, BackendError>>,
+        durable: bool,
+        read: fn(&Hit, Value) -> Result<T, BackendError>,
+    ) -> Vec<Result<T, BackendError>> {
+        let mut results: Vec<Option<Result<T, BackendError>>> =
+            (0..hits.len()).map(|_| None).collect();
+        let mut at = Vec::with_capacity(calls.len());
+        let mut sent = Vec::with_capacity(calls.len());
+        for (index, call) in calls.into_iter().enumerate() {
+            match call {
+                Ok(call) => {
+                    at.push(index);
+                    sent.push(call);
+                }
+                Err(err) => results[index] = Some(Err(err)),
+            }
+        }
+        if !sent.is_empty() {
+            let operation = if durable {
+                Operation::Release
+            } else {
+                Operation::Acquire
+            };
+            match self.run(&sent, durable, operation).await {
+                Ok(replies) => {
+                    for (index, reply) in at.into_iter().zip(replies) {
+                        results[index] = Some(
+                            call_result(reply)
+                                .map_err(|err| Failure::redis(&err).report(NAME))
+                                .and_then(|value| read(&hits[index], value)),
+                        );
+                    }
+                }
+                Err(err) => {
+                    for index in at {
+                        results[index] = Some(Err(err.clone()));
+                    }
+                }
+            }
+        }
+        let results: Vec<Result<T, BackendError>> = results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(BackendError::Protocol(
+                        "a script call went unanswered".into(),
+                    ))
+                })
+            })
+            .collect();
+        self.record(&results);
+        results
     }
 
     async fn refund(&self, receipts: &[Receipt], now_ms: Option<u64>) -> Result<(), BackendError> {
@@ -682,6 +757,19 @@ impl Backend for RedisBackend {
 
     async fn release(&self, receipts: &[Receipt]) -> Result<(), BackendError> {
         self.refund(receipts, None).await
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Peeked {
+        self.peek_at(hits, None).await
+    }
+
+    /// Deletes are replicated as decisions are (`WAIT` under `--redis-wait-replicas`).
+    async fn clear(&self, hits: &[Hit]) -> Cleared {
+        let calls = hits
+            .iter()
+            .map(|hit| Ok(self.scripts.clear(&self.keys, hit)))
+            .collect();
+        self.each(hits, calls, true, inspect::cleared).await
     }
 
     async fn ping(&self) -> Result<(), BackendError> {

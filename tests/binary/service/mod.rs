@@ -1,5 +1,6 @@
 //! tollgate as a service, from the outside: the command line (`check`, `serve`'s flags and
-//! environment), the admin HTTP interface (`/json`, `/rlconfig`, `/metrics`, `/healthcheck`),
+//! environment), the admin HTTP interface (`/json`, `/rlconfig`, `/metrics`, `/healthcheck`,
+//! `/counters`),
 //! gRPC health and reflection as grpcurl uses them, hot reloads and the SIGTERM drain.
 //!
 //! What only the binary does (arguments, environment, exit codes, signals, its log) runs the real
@@ -9,5 +10,6 @@
 
 mod admin;
 mod cli;
+mod counters;
 mod grpcurl;
 mod lifecycle;

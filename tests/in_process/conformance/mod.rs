@@ -25,7 +25,8 @@
 //!   dying with a slice, a lowered limit, released hits;
 //! - [`cache`]: the local over-limit cache never refuses what the store would admit;
 //! - [`instances`]: the same across instances sharing a store, when others give charges back;
-//! - [`several`]: several limits on one descriptor (`rate_limits`), charged all or none.
+//! - [`several`]: several limits on one descriptor (`rate_limits`), charged all or none;
+//! - [`operator`]: an operator reading and resetting a client's windows, consuming nothing.
 //!
 //! Cases marked `leased` also run with every limit leased on the Redis stores.
 //!
@@ -39,6 +40,7 @@ mod counting;
 mod instances;
 mod lease;
 mod limiter;
+mod operator;
 mod outages;
 mod quota;
 mod several;
