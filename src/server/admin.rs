@@ -25,6 +25,9 @@ pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
         .route("/metrics", get(metrics::<B>))
         .route("/rlconfig", get(rlconfig::<B>))
         .route("/json", post(json::<B>))
+        .route("/top", get(super::ui::top::<B>))
+        .route("/ui", get(super::ui::page))
+        .route("/ui/stats", get(super::ui::stats::<B>))
         .with_state(app)
 }
 

@@ -41,6 +41,9 @@ pub struct App<B> {
     pub metrics: Metrics,
     /// Where the policies in force came from, said above the table of `/rlconfig`.
     pub origin: Origin,
+    /// Whether `POST /counters/reset` is allowed (`--admin-allow-reset`); the admin page
+    /// offers its reset button only then.
+    pub admin_allow_reset: bool,
     /// Decisions in flight, against their bound.
     in_flight: InFlight,
 }
@@ -171,6 +174,7 @@ impl<B: Backend> App<B> {
             health,
             metrics: Metrics::new(),
             origin: Origin::default(),
+            admin_allow_reset: false,
             in_flight: InFlight {
                 count: AtomicUsize::new(0),
                 bound: max_in_flight.unwrap_or(usize::MAX),
@@ -240,6 +244,7 @@ impl<B: Backend> App<B> {
         let result = match self.limiter.should_rate_limit(&request).await {
             Ok(decision) => {
                 self.metrics.observe_decision(&request.domain, &decision);
+                self.metrics.observe_outcomes(&request, &decision);
                 Ok(decision)
             }
             Err(LimiterError::InvalidArgument(message)) => {
