@@ -180,7 +180,7 @@ pub fn merge<'a, T: Clone + 'a>(
         }
     }
     let mut merged: Vec<(T, u64)> = merged.into_values().collect();
-    merged.sort_by(|a, b| b.1.cmp(&a.1));
+    merged.sort_by_key(|item| std::cmp::Reverse(item.1));
     merged
 }
 

@@ -73,7 +73,7 @@ pub fn screenshot(url: &str, file: &Path, (width, height): (u32, u32)) {
 /// failure, for the message).
 fn run(url: &str, extra: &[String]) -> String {
     assert!(
-        url.starts_with("http://127.0.0.1:") || url.starts_with("http://localhost:"),
+        url.starts_with("http://127.0.0.1:"),
         "chromium only loads loopback URLs here, not {url}"
     );
     let profile = tempfile::tempdir().expect("create a Chromium profile directory");
@@ -92,8 +92,9 @@ fn run(url: &str, extra: &[String]) -> String {
             "--disable-default-apps",
             "--disable-dev-shm-usage",
             "--mute-audio",
-            // No name is resolved: nothing but the loopback address given is reachable.
-            "--host-resolver-rules=MAP * ~NOTFOUND",
+            // No name is resolved (a bare `MAP *` would catch the loopback address too): nothing
+            // but 127.0.0.1 is reachable.
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
         ])
         .arg(format!("--virtual-time-budget={VIRTUAL_TIME_MS}"))
         .arg(format!("--user-data-dir={}", profile.path().display()))

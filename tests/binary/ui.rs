@@ -4,8 +4,10 @@
 //! refused and a descriptor's usage.
 
 use serde_json::Value;
+use tollgate::proto::rate_limit_response::Code;
 use tollgate_testkit::chromium;
 use tollgate_testkit::net::{Reply, agent, send};
+use tollgate_testkit::rls::{client, request};
 use tollgate_testkit::tollgate::Tollgate;
 
 /// Domain `edge`: 2 hits a minute per user.
@@ -41,14 +43,35 @@ fn hit(tollgate: &Tollgate, user: &str) -> u16 {
     .status
 }
 
-/// tollgate with alice refused 3 times (5 hits on 2 a minute) and bob admitted once.
+/// tollgate with alice refused 3 times (5 hits on 2 a minute, over `POST /json` and gRPC) and
+/// bob admitted once.
 fn refusing() -> Tollgate {
     let tollgate = Tollgate::builder()
         .policy("edge.yaml", EDGE)
         .policy("internal.yaml", INTERNAL)
         .start();
-    let answers: Vec<u16> = (0..5).map(|_| hit(&tollgate, "alice")).collect();
-    assert_eq!(answers, [200, 200, 429, 429, 429]);
+    let answers: Vec<u16> = (0..3).map(|_| hit(&tollgate, "alice")).collect();
+    assert_eq!(answers, [200, 200, 429]);
+    // Two more over gRPC (the fast path): refusals through either door count alike.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime");
+    let codes = runtime.block_on(async {
+        let mut rls = client(tollgate.grpc_addr())
+            .await
+            .expect("connect over gRPC");
+        let mut codes = Vec::new();
+        for _ in 0..2 {
+            let answer = rls
+                .should_rate_limit(request("edge", &[&[("user", "alice")]]))
+                .await
+                .expect("ShouldRateLimit");
+            codes.push(answer.into_inner().overall_code);
+        }
+        codes
+    });
+    assert_eq!(codes, [Code::OverLimit as i32; 2]);
     assert_eq!(hit(&tollgate, "bob"), 200);
     tollgate
 }

@@ -71,7 +71,7 @@ fn heavy_items_survive_a_flood_of_distinct_ones() {
     }
     let sketch = check_bounds(&stream, 8);
     let mut top: Vec<_> = sketch.items().iter().collect();
-    top.sort_by(|a, b| b.count.cmp(&a.count));
+    top.sort_by_key(|item| std::cmp::Reverse(item.count));
     assert_eq!(top[0].value, 1);
     assert_eq!(top[1].value, 2);
 }
