@@ -41,9 +41,8 @@ pub struct App<B> {
     pub metrics: Metrics,
     /// Where the policies in force came from, said above the table of `/rlconfig`.
     pub origin: Origin,
-    /// Whether `POST /counters/reset` is allowed (`--admin-allow-reset`); the admin page
-    /// offers its reset button only then.
-    pub admin_allow_reset: bool,
+    /// Whether `POST /counters/reset` may clear windows (`--admin-allow-reset`); off by default.
+    pub allow_reset: bool,
     /// Decisions in flight, against their bound.
     in_flight: InFlight,
 }
@@ -174,7 +173,7 @@ impl<B: Backend> App<B> {
             health,
             metrics: Metrics::new(),
             origin: Origin::default(),
-            admin_allow_reset: false,
+            allow_reset: false,
             in_flight: InFlight {
                 count: AtomicUsize::new(0),
                 bound: max_in_flight.unwrap_or(usize::MAX),

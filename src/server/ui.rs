@@ -163,7 +163,7 @@ pub async fn stats<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
         })
         .collect();
     json_response(&json!({
-        "resetEnabled": app.admin_allow_reset,
+        "resetEnabled": app.allow_reset,
         "slotSeconds": SLOT_SECONDS,
         "slots": SLOTS,
         // The end of the newest slot, in seconds since the Unix epoch.
