@@ -176,7 +176,8 @@ fn the_page_shows_the_domains_and_who_is_refused() {
         "reset offered:\n{dom}"
     );
 
-    // The README's picture of the page.
+    // A screenshot renders too. docs/ui.png was taken the same way, of the examples' policies
+    // under traffic; TOLLGATE_UI_SCREENSHOT=<file> keeps this one.
     let dir = tempfile::tempdir().expect("temporary directory");
     let png = dir.path().join("ui.png");
     chromium::screenshot(&tollgate.url("/ui"), &png, (1100, 640));
