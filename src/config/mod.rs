@@ -184,17 +184,33 @@ impl Limit {
     }
 }
 
-/// Something another layer keeps for one limit (the statistics keep the series the limit counts
-/// into), made at the limit's first use and dropped with it, so that a decision finds it without
-/// a lookup by key. The config neither reads nor compares it: a copy of a limit starts with
-/// nothing attached, and two limits equal in every field are equal whatever is attached.
+/// What other layers keep for one limit (the statistics keep the series the limit counts into,
+/// the admin page its recent history), made at the limit's first use and dropped with it, so
+/// that a decision finds it without a lookup by key. The config neither reads nor compares it: a
+/// copy of a limit starts with nothing attached, and two limits equal in every field are equal
+/// whatever is attached.
 #[derive(Default)]
-pub struct Attached(OnceLock<Box<dyn Any + Send + Sync>>);
+pub struct Attached([OnceLock<Box<dyn Any + Send + Sync>>; ATTACHED_SLOTS]);
+
+/// How many different things may be attached to one limit (one of each type).
+const ATTACHED_SLOTS: usize = 2;
 
 impl Attached {
-    /// What is attached, if it is a `T`; when nothing is attached yet, `make`'s value first.
+    /// What is attached of type `T`; when nothing of that type is attached yet and a slot is
+    /// free, `make`'s value first. `None` when every slot holds another type.
     pub fn get_or_attach<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
-        self.0.get_or_init(|| Box::new(make())).downcast_ref()
+        let mut make = Some(make);
+        for slot in &self.0 {
+            let held = slot.get_or_init(|| match make.take() {
+                Some(make) => Box::new(make()),
+                // Only reached if an earlier slot was filled by another type meanwhile.
+                None => Box::new(()),
+            });
+            if let Some(found) = held.downcast_ref::<T>() {
+                return Some(found);
+            }
+        }
+        None
     }
 }
 
@@ -212,7 +228,7 @@ impl PartialEq for Attached {
 
 impl std::fmt::Debug for Attached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() {
+        f.write_str(if self.0.iter().any(|slot| slot.get().is_some()) {
             "Attached(..)"
         } else {
             "Attached(-)"

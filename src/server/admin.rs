@@ -22,6 +22,9 @@ use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitRequest, rate_limit_response::C
 pub fn router<B: Backend>(app: Arc<App<B>>) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck::<B>))
+        .route("/top", get(super::ui::top::<B>))
+        .route("/ui", get(super::ui::page))
+        .route("/ui/stats", get(super::ui::stats::<B>))
         .route("/metrics", get(metrics::<B>))
         .route("/rlconfig", get(rlconfig::<B>))
         .route("/json", post(json::<B>))

@@ -15,11 +15,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
+use super::history::History;
 use super::mapper::Mapper;
 use super::stats::{DEFAULT_MAX_REQUEST_KEYS, ReferenceStats};
 use super::striped::{self, Histogram};
+use super::top::TopRefused;
 use crate::backend::MemoryUsage;
+use crate::clock::{Clock, SystemClock};
 use crate::config::FailureMode;
+use crate::descriptor::Request;
 use crate::limiter::{Code, Decision, LimitReport, Usage};
 
 /// How the reference-named statistics are built.
@@ -94,6 +98,10 @@ pub struct Metrics {
     config: ConfigMetrics,
     /// Whether each limit's statistics are recorded ([`MetricsOptions::per_limit`]).
     per_limit: bool,
+    /// Who was refused lately (`GET /top`, `tollgate_top_refused`).
+    top: std::sync::Arc<TopRefused>,
+    /// What each limit decided lately (the admin page's charts).
+    history: History,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -183,6 +191,8 @@ impl Metrics {
             .with_local_cache(options.local_cache),
         );
         registry.register_collector(Box::new(std::sync::Arc::clone(&stats)));
+        let top = std::sync::Arc::new(TopRefused::default());
+        registry.register_collector(Box::new(std::sync::Arc::clone(&top)));
         let own = registry.sub_registry_with_prefix("tollgate");
         // Counted at every call by every worker: split per worker ([`striped`]).
         let requests = Family::<CodeLabel, striped::Counter>::default();
@@ -271,6 +281,8 @@ impl Metrics {
             failure_answers,
             config,
             per_limit,
+            top,
+            history: History::default(),
         }
     }
 
@@ -425,6 +437,76 @@ impl Metrics {
         if decision.shadowed {
             self.stats.count("ratelimit.service.global_shadow_mode", 1);
         }
+    }
+
+    /// Records who `decision` refused (for `GET /top`) and what each of the policies' limits
+    /// decided (for the admin page's charts). An admitted request only adds to its limits' slot
+    /// counters; a refusal also counts its descriptor under its domain's lock.
+    pub fn observe_outcomes(&self, request: &Request, decision: &Decision) {
+        if decision.reports.is_empty() {
+            return;
+        }
+        let now_ms = SystemClock.now_ms();
+        for report in &decision.reports {
+            let refused = matches!(
+                report.usage,
+                Usage::Decided {
+                    admitted: false,
+                    ..
+                }
+            ) && !report.limit.shadow_mode;
+            if !report.overridden {
+                self.history.record(&report.limit, refused, now_ms);
+            }
+            if refused && let Some(descriptor) = request.descriptors.get(report.descriptor) {
+                self.top.record_entries(
+                    &request.domain,
+                    &descriptor.entries,
+                    (&report.limit, report.overridden),
+                    1,
+                    now_ms,
+                );
+            }
+        }
+    }
+
+    /// Records what an RLQS client reported of the bucket `entries` of `domain`, governed by
+    /// `limits`: its requests in each limit's chart, its denied ones as refusals of the bucket's
+    /// descriptor for `GET /top`.
+    pub fn observe_quota_outcomes(
+        &self,
+        domain: &str,
+        entries: &[(String, String)],
+        limits: &[std::sync::Arc<crate::config::Limit>],
+        (allowed, denied): (u64, u64),
+    ) {
+        let now_ms = SystemClock.now_ms();
+        for limit in limits {
+            self.history
+                .record_many(limit, allowed.saturating_add(denied), denied, now_ms);
+        }
+        let Some(first) = limits.first() else {
+            return;
+        };
+        // The denials are the bucket's, not one limit's: they are listed under the first
+        // (a bucket resolves to its descriptor's limits, most often one).
+        self.top.record(
+            domain,
+            entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            (super::top::limit_label(first), false),
+            denied,
+            now_ms,
+        );
+    }
+
+    /// Who was refused lately, by domain.
+    pub fn top(&self) -> &TopRefused {
+        &self.top
+    }
+
+    /// What each limit decided lately.
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// Records what an RLQS client reported of a bucket governed by `limits`: its admitted

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod fast_path;
 pub mod health;
+pub mod history;
 pub mod incoming;
 pub mod mapper;
 pub mod metrics;
@@ -16,6 +17,8 @@ pub mod runtime;
 pub mod stats;
 pub mod striped;
 pub mod tls;
+pub mod top;
+pub mod ui;
 pub mod xds;
 
 use std::future::Future;

@@ -371,6 +371,12 @@ impl<B: Backend> Session<B> {
                 usage.num_requests_allowed,
                 usage.num_requests_denied,
             );
+            self.app.metrics.observe_quota_outcomes(
+                &domain,
+                &key,
+                &bucket.limits,
+                (usage.num_requests_allowed, usage.num_requests_denied),
+            );
             if charge > 0 {
                 let charged = self
                     .app

@@ -243,6 +243,7 @@ impl<B: Backend> App<B> {
         let result = match self.limiter.should_rate_limit(&request).await {
             Ok(decision) => {
                 self.metrics.observe_decision(&request.domain, &decision);
+                self.metrics.observe_outcomes(&request, &decision);
                 Ok(decision)
             }
             Err(LimiterError::InvalidArgument(message)) => {

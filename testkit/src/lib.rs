@@ -10,6 +10,7 @@
 
 pub mod backends;
 pub mod certs;
+pub mod chromium;
 pub mod envoy;
 pub mod hits;
 pub mod in_process;

@@ -13,6 +13,7 @@
 //! - [`envoy`]: end to end through a real Envoy;
 //! - [`rlqs`]: Envoy's rate-limit-quota filter against tollgate's RLQS, through real Envoys;
 //! - [`deploy`]: the deployment examples under `deploy/`;
+//! - [`ui`]: what an operator sees: who is refused (`/top`) and the admin page in Chromium;
 //! - [`docs`]: every command the documents show, run as a user would type it.
 //!
 //! One binary, because each test binary links the whole tree.
@@ -27,4 +28,5 @@ mod service;
 mod settings;
 mod tls;
 mod tracing;
+mod ui;
 mod xds;
