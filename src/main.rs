@@ -247,6 +247,7 @@ async fn serve_with(
         require_config: settings.healthy_with_at_least_one_config_loaded,
         metrics: metrics_options(&settings),
         grpc_fast_path: settings.grpc.fast_path,
+        bounds: settings.bounds,
     };
     server::serve(Arc::new(limiter), listeners, options, termination())
         .await
