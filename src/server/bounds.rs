@@ -194,10 +194,9 @@ impl<B> BoundedBody<B> {
         }
         let more = held - self.held;
         let total = self.budget.unfinished.fetch_add(more, Ordering::Relaxed) + more;
-        let mine = self
-            .connection
-            .as_ref()
-            .map_or(0, |c| c.unfinished.fetch_add(more, Ordering::Relaxed) + more);
+        let mine = self.connection.as_ref().map_or(0, |c| {
+            c.unfinished.fetch_add(more, Ordering::Relaxed) + more
+        });
         self.held = held;
         if mine > self.budget.per_connection {
             self.release(self.held);

@@ -4,13 +4,13 @@
 //! if it sends no request within the first-request timeout, and an accept that fails (out of
 //! file descriptors) pauses briefly and accepts again, logged at most once per interval.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures_util::future::Either;

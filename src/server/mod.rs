@@ -462,13 +462,27 @@ pub async fn serve<B: Backend>(
     let debug = async {
         if let Some(listener) = debug_listener {
             let router = admin::debug_router(Arc::clone(&app));
-            http::serve(listener, router, http_bounds, "debug", stopped(stop_rx.clone())).await;
+            http::serve(
+                listener,
+                router,
+                http_bounds,
+                "debug",
+                stopped(stop_rx.clone()),
+            )
+            .await;
         }
     };
     let metrics = async {
         if let Some(listener) = metrics_listener {
             let router = admin::metrics_router(Arc::clone(&app), &options.metrics_path);
-            http::serve(listener, router, http_bounds, "metrics", stopped(stop_rx.clone())).await;
+            http::serve(
+                listener,
+                router,
+                http_bounds,
+                "metrics",
+                stopped(stop_rx.clone()),
+            )
+            .await;
         }
     };
 

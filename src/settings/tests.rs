@@ -814,6 +814,8 @@ fn the_bounds_default_to_the_documented_values_and_take_their_flags() {
         grpc_unfinished_bytes: Some(0),
         ..config_flag()
     };
-    let error = resolve(Entry::Tollgate, &flags, &[]).unwrap_err().to_string();
+    let error = resolve(Entry::Tollgate, &flags, &[])
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("--grpc-unfinished-bytes"), "{error}");
 }
