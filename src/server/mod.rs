@@ -255,9 +255,6 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
-    /// The admin HTTP server failed.
-    #[error("admin HTTP server failed: {0}")]
-    Http(std::io::Error),
     /// gRPC reflection could not be set up from the embedded descriptors.
     #[error("gRPC reflection setup failed: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
