@@ -45,8 +45,9 @@ pub struct Bounds {
     /// handshake, when TLS is on).
     pub grpc_first_request_timeout: Duration,
     /// How long an admin (or debug, or metrics) connection may take to send a request's headers,
-    /// counted from the connection's start or the end of its previous answer: it closes silent
-    /// connections, idle kept-alive ones and headers dribbled byte by byte alike.
+    /// counted from the connection's start or the end of its previous answer, and then the
+    /// request's body: it closes silent connections, idle kept-alive ones and headers or bodies
+    /// dribbled byte by byte alike.
     pub admin_header_read_timeout: Duration,
     /// The most connections open at once on each HTTP listener (admin, debug, metrics); past
     /// it, new connections wait in the kernel's backlog until one closes.

@@ -275,7 +275,8 @@ pub struct Flags {
           value_parser = parse_positive_duration)]
     pub grpc_first_request_timeout: Option<Duration>,
     /// How long an admin (debug, metrics) connection may take to send a request's headers, from
-    /// its start or its previous answer; past it the connection is closed [default: 10s].
+    /// its start or its previous answer, and then its body; past it the connection is closed
+    /// [default: 10s].
     #[arg(long, env = "TOLLGATE_ADMIN_HEADER_READ_TIMEOUT",
           value_parser = parse_positive_duration)]
     pub admin_header_read_timeout: Option<Duration>,

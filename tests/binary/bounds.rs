@@ -141,7 +141,7 @@ fn stalled_streams_are_bounded(fast_path: bool) {
     let runtime = runtime();
     let before = rss(pid);
 
-    let (mut answers, streams, advertised) = runtime.block_on(async {
+    let (mut answers, streams, h2) = runtime.block_on(async {
         let tcp = TcpStream::connect(grpc).await.expect("connect to gRPC");
         let (mut h2, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
         tokio::spawn(connection);
@@ -168,8 +168,7 @@ fn stalled_streams_are_bounded(fast_path: bool) {
             streams.push(stream);
             answers.spawn(ended(response));
         }
-        let advertised = h2.current_max_send_streams();
-        (answers, streams, advertised)
+        (answers, streams, h2)
     });
 
     // Meanwhile: memory stays bounded and an ordinary call is answered.
@@ -206,7 +205,12 @@ fn stalled_streams_are_bounded(fast_path: bool) {
         before >> 20
     );
     assert_eq!(ends.len(), 100, "every stalled stream ended: {ends:?}");
-    assert_eq!(advertised, 64, "MAX_CONCURRENT_STREAMS as set");
+    // Read once the server's settings have certainly arrived: answers came after them.
+    assert_eq!(
+        h2.current_max_send_streams(),
+        64,
+        "MAX_CONCURRENT_STREAMS as set"
+    );
     let exhausted = ends
         .iter()
         .filter(|end| **end == Ended::Status("8".into()))
@@ -426,46 +430,64 @@ fn accepting_survives_running_out_of_files() {
     );
 }
 
+/// Sends `head` over a new connection to `addr`, then `then` over and over, one byte every
+/// 100 ms, until the server closes it (at most 15 s); answers how long the server took and what
+/// it answered.
+async fn dribble(addr: SocketAddr, head: &'static [u8], then: &'static [u8]) -> (Duration, String) {
+    let socket = TcpStream::connect(addr).await.expect("connect");
+    let (mut reader, mut writer) = socket.into_split();
+    let started = Instant::now();
+    let read = tokio::spawn(async move {
+        let mut answer = Vec::new();
+        let _ = reader.read_to_end(&mut answer).await;
+        (
+            started.elapsed(),
+            String::from_utf8_lossy(&answer).into_owned(),
+        )
+    });
+    writer.write_all(head).await.expect("send the head");
+    let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    for byte in then.iter().cycle().take(150) {
+        ticker.tick().await;
+        if read.is_finished() || writer.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+    }
+    read.await.expect("the reader")
+}
+
 /// Headers dribbled byte by byte to the admin port are cut at the header read timeout, with no
-/// answer.
+/// answer; so is a body dribbled after whole headers.
 #[test]
 fn admin_headers_dribbled_are_cut_at_the_header_timeout() {
     let tollgate = Tollgate::builder()
         .policy("edge.yaml", &per_user_per_minute(1000))
         .args(["--admin-header-read-timeout", "2s"])
         .start();
+    let admin = tollgate.http_addr();
     let runtime = runtime();
-    let (took, answer) = runtime.block_on(async {
-        let socket = TcpStream::connect(tollgate.http_addr())
-            .await
-            .expect("connect");
-        let (mut reader, mut writer) = socket.into_split();
-        let started = Instant::now();
-        let read = tokio::spawn(async move {
-            let mut answer = Vec::new();
-            let _ = reader.read_to_end(&mut answer).await;
-            (started.elapsed(), answer)
-        });
-        // Headers that never end, one byte every 100 ms, for at most 15 s.
-        let dribble = b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n"
-            .iter()
-            .chain(b"X-Slow: y\r\n".iter().cycle());
-        let mut ticker = tokio::time::interval(Duration::from_millis(100));
-        for byte in dribble.take(150) {
-            ticker.tick().await;
-            if read.is_finished() || writer.write_all(&[*byte]).await.is_err() {
-                break;
-            }
-        }
-        read.await.expect("the reader")
+    let (headers, body) = runtime.block_on(async {
+        tokio::join!(
+            dribble(
+                admin,
+                b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n",
+                b"X-Slow: y\r\n"
+            ),
+            dribble(
+                admin,
+                b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n",
+                b" ",
+            )
+        )
     });
-    assert!(
-        took >= Duration::from_millis(1500) && took < Duration::from_secs(10),
-        "cut at the 2 s header timeout, after {took:?}"
-    );
-    assert!(
-        !String::from_utf8_lossy(&answer).contains(" 200 "),
-        "no answer to headers never finished: {}",
-        String::from_utf8_lossy(&answer)
-    );
+    for (what, (took, answer)) in [("headers", headers), ("body", body)] {
+        assert!(
+            took >= Duration::from_millis(1500) && took < Duration::from_secs(10),
+            "{what} cut at the 2 s timeout, after {took:?}"
+        );
+        assert!(
+            !answer.contains(" 200 "),
+            "no answer to {what} never finished: {answer}"
+        );
+    }
 }
