@@ -363,6 +363,7 @@ async fn serve_with(
         metrics: metrics_options(&settings),
         grpc_fast_path: settings.grpc.fast_path,
         admin_allow_reset: settings.admin_allow_reset,
+        bounds: settings.bounds,
     };
     server::serve(Arc::new(limiter), listeners, options, termination())
         .await

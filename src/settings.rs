@@ -128,6 +128,9 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// The most decisions in flight at once; `None`: unbounded.
     pub max_in_flight: Option<usize>,
+    /// What one client may hold: gRPC streams and unfinished messages, silent connections,
+    /// admin connections and header timeouts.
+    pub bounds: crate::server::Bounds,
     /// Worker threads of the async runtime (by default one per CPU the process may use).
     pub worker_threads: NonZeroUsize,
     /// Health turns NOT_SERVING once every backend call has failed for this long; `None`: a
@@ -420,6 +423,7 @@ impl Settings {
                 Some(bound) => Some(bound),
                 None => Some(DEFAULT_MAX_IN_FLIGHT),
             },
+            bounds: bounds(flags)?,
             worker_threads,
             health_fail_after: flags.health_fail_after,
             backend,
@@ -439,6 +443,43 @@ impl Settings {
             notices,
         })
     }
+}
+
+/// The bounds of the flags, each flag's default where it is not given.
+fn bounds(flags: &Flags) -> Result<crate::server::Bounds, SettingsError> {
+    let default = crate::server::Bounds::default();
+    let bytes = |value: Option<usize>, flag: &str, default: usize| match value {
+        Some(0) => Err(SettingsError::Invalid(format!(
+            "{flag} must be above 0 bytes (it bounds request messages still arriving)"
+        ))),
+        Some(bytes) => Ok(bytes),
+        None => Ok(default),
+    };
+    Ok(crate::server::Bounds {
+        grpc_max_concurrent_streams: flags
+            .grpc_max_concurrent_streams
+            .map_or(default.grpc_max_concurrent_streams, |n| n.get()),
+        grpc_body_timeout: flags.grpc_body_timeout.unwrap_or(default.grpc_body_timeout),
+        grpc_unfinished_bytes_per_connection: bytes(
+            flags.grpc_unfinished_bytes_per_connection,
+            "--grpc-unfinished-bytes-per-connection",
+            default.grpc_unfinished_bytes_per_connection,
+        )?,
+        grpc_unfinished_bytes: bytes(
+            flags.grpc_unfinished_bytes,
+            "--grpc-unfinished-bytes",
+            default.grpc_unfinished_bytes,
+        )?,
+        grpc_first_request_timeout: flags
+            .grpc_first_request_timeout
+            .unwrap_or(default.grpc_first_request_timeout),
+        admin_header_read_timeout: flags
+            .admin_header_read_timeout
+            .unwrap_or(default.admin_header_read_timeout),
+        admin_max_connections: flags
+            .admin_max_connections
+            .map_or(default.admin_max_connections, |n| n.get()),
+    })
 }
 
 /// `Some(d)` unless `d` is zero (which the reference reads as "never").

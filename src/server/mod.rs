@@ -3,9 +3,11 @@
 //! graceful shutdown.
 
 pub mod admin;
+pub mod bounds;
 pub mod fast_path;
 pub mod health;
 pub mod history;
+pub mod http;
 pub mod incoming;
 pub mod mapper;
 pub mod metrics;
@@ -29,15 +31,14 @@ use std::time::Duration;
 
 use futures_util::future::Either;
 use tokio::net::{TcpListener, UnixListener};
-use tonic::codegen::{Service, http};
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
 
 use crate::backend::Backend;
 use crate::config::xds::{ExtensionDefaults, XdsOptions};
 use crate::config::{FileSource, LoadOptions};
 use crate::limiter::Limiter;
 use crate::proto;
+pub use bounds::Bounds;
 pub use health::{Health, Readiness};
 pub use incoming::GrpcListener;
 pub use metrics::{Metrics, MetricsOptions};
@@ -196,6 +197,9 @@ pub struct ServeOptions {
     pub grpc_fast_path: bool,
     /// Whether `POST /counters/reset` may clear windows (`--admin-allow-reset`).
     pub admin_allow_reset: bool,
+    /// What one client may hold: streams, unfinished request messages, silent connections, and
+    /// the admin listeners' connections and header timeouts.
+    pub bounds: Bounds,
 }
 
 impl ServeOptions {
@@ -219,6 +223,7 @@ impl ServeOptions {
             metrics: MetricsOptions::default(),
             grpc_fast_path: true,
             admin_allow_reset: false,
+            bounds: Bounds::default(),
         }
     }
 }
@@ -257,9 +262,6 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
-    /// The admin HTTP server failed.
-    #[error("admin HTTP server failed: {0}")]
-    Http(std::io::Error),
     /// gRPC reflection could not be set up from the embedded descriptors.
     #[error("gRPC reflection setup failed: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -403,7 +405,9 @@ pub async fn serve<B: Backend>(
         "tollgate listening"
     );
 
-    let mut builder = tonic::transport::Server::builder();
+    let bounds = options.bounds;
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(bounds.grpc_max_concurrent_streams);
     if let Some(age) = options.max_connection_age {
         builder = builder.max_connection_age(age);
     }
@@ -419,21 +423,26 @@ pub async fn serve<B: Backend>(
             stop_rx.clone(),
         ));
     let grpc_stop = stopped(stop_rx.clone());
-    let tls = options.tls.clone();
+    let incoming = incoming::incoming(
+        grpc_listener,
+        options.tls.clone(),
+        bounds.grpc_first_request_timeout,
+    );
+    let budget = Arc::new(bounds::BodyBudget::new(&bounds));
     let grpc = if options.grpc_fast_path {
         let rls = fast_path::FastPath::new(Arc::clone(&app));
         let routes = routes.add_service(rls.clone());
         let service = fast_path::Direct::new(rls::SHOULD_RATE_LIMIT, rls, routes);
-        Either::Left(serve_grpc(builder, grpc_listener, tls, service, grpc_stop))
+        let service = bounds::Bounded::new(service, budget);
+        Either::Left(builder.serve_with_incoming_shutdown(service, incoming, grpc_stop))
     } else {
         let routes = routes.add_service(rls::GeneratedRls::server(Arc::clone(&app)));
-        Either::Right(serve_grpc(
-            builder,
-            grpc_listener,
-            tls,
-            routes.prepare(),
-            grpc_stop,
-        ))
+        let service = bounds::Bounded::new(routes.prepare(), budget);
+        Either::Right(builder.serve_with_incoming_shutdown(service, incoming, grpc_stop))
+    };
+    let http_bounds = http::HttpBounds {
+        header_read_timeout: bounds.admin_header_read_timeout,
+        max_connections: bounds.admin_max_connections,
     };
     let mut admin = admin::router(Arc::clone(&app));
     // Metrics asked for on the admin listener's own address are served there, at their path,
@@ -448,28 +457,37 @@ pub async fn serve<B: Backend>(
             &options.metrics_path,
         ));
     }
-    let http = axum::serve(http_listener, admin).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let http = http::serve(
+        http_listener,
+        admin,
+        http_bounds,
+        "admin",
+        stopped(stop_rx.clone()),
+    );
     let debug = async {
-        match debug_listener {
-            Some(listener) => {
-                axum::serve(listener, admin::debug_router(Arc::clone(&app)))
-                    .with_graceful_shutdown(stopped(stop_rx.clone()))
-                    .await
-            }
-            None => Ok(()),
+        if let Some(listener) = debug_listener {
+            let router = admin::debug_router(Arc::clone(&app));
+            http::serve(
+                listener,
+                router,
+                http_bounds,
+                "debug",
+                stopped(stop_rx.clone()),
+            )
+            .await;
         }
     };
     let metrics = async {
-        match metrics_listener {
-            Some(listener) => {
-                axum::serve(
-                    listener,
-                    admin::metrics_router(Arc::clone(&app), &options.metrics_path),
-                )
-                .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .await
-            }
-            None => Ok(()),
+        if let Some(listener) = metrics_listener {
+            let router = admin::metrics_router(Arc::clone(&app), &options.metrics_path);
+            http::serve(
+                listener,
+                router,
+                http_bounds,
+                "metrics",
+                stopped(stop_rx.clone()),
+            )
+            .await;
         }
     };
 
@@ -479,7 +497,7 @@ pub async fn serve<B: Backend>(
         stopped(stop_rx_deadline).await;
         tokio::time::sleep(options.drain_timeout).await;
     };
-    let servers = async { tokio::join!(grpc, async { http.await }, debug, metrics) };
+    let servers = async { tokio::join!(grpc, http, debug, metrics) };
     let outcome = tokio::select! {
         results = servers => Some(results),
         () = drain_deadline => None,
@@ -488,11 +506,8 @@ pub async fn serve<B: Backend>(
         task.abort();
     }
     match outcome {
-        Some((grpc_result, http_result, debug_result, metrics_result)) => {
+        Some((grpc_result, (), (), ())) => {
             grpc_result?;
-            http_result.map_err(ServeError::Http)?;
-            debug_result.map_err(ServeError::Http)?;
-            metrics_result.map_err(ServeError::Http)?;
             tracing::info!("stopped");
         }
         None => tracing::warn!(
@@ -501,45 +516,6 @@ pub async fn serve<B: Backend>(
         ),
     }
     Ok(())
-}
-
-/// Serves gRPC `service` on `listener` until `stop` resolves.
-async fn serve_grpc<S>(
-    builder: tonic::transport::Server,
-    listener: GrpcListener,
-    tls: Option<Arc<ServerTls>>,
-    service: S,
-    stop: impl Future<Output = ()>,
-) -> Result<(), tonic::transport::Error>
-where
-    S: Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    match (listener, tls) {
-        (GrpcListener::Tcp(listener), None) => {
-            builder
-                .serve_with_incoming_shutdown(
-                    service,
-                    // With a listener of our own, tonic leaves accepted sockets as they are;
-                    // without TCP_NODELAY a response queued behind an unacknowledged one waits
-                    // for the peer's delayed ACK (tens of ms on the tail).
-                    TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    stop,
-                )
-                .await
-        }
-        (listener, tls) => {
-            builder
-                .serve_with_incoming_shutdown(service, incoming::incoming(listener, tls), stop)
-                .await
-        }
-    }
 }
 
 /// Binds a unix socket at `path`, replacing a stale socket file nothing listens on.

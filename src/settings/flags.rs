@@ -4,7 +4,7 @@
 //! decides.
 
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -258,6 +258,38 @@ pub struct Flags {
     /// unbounded [default: 256].
     #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
+    /// The most calls and streams open at once on one gRPC connection, advertised to clients as
+    /// HTTP/2's MAX_CONCURRENT_STREAMS (Envoy opens another connection past it) [default: 1024].
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONCURRENT_STREAMS")]
+    pub grpc_max_concurrent_streams: Option<NonZeroU32>,
+    /// How long a gRPC request message may take to arrive whole once begun (a unary call's whole
+    /// body); past it the call is answered DEADLINE_EXCEEDED [default: 10s].
+    #[arg(long, env = "TOLLGATE_GRPC_BODY_TIMEOUT", value_parser = parse_positive_duration)]
+    pub grpc_body_timeout: Option<Duration>,
+    /// The most bytes of request messages still arriving on one gRPC connection (e.g. `8MiB`);
+    /// the call that would pass it is answered RESOURCE_EXHAUSTED [default: 8MiB].
+    #[arg(long, env = "TOLLGATE_GRPC_UNFINISHED_BYTES_PER_CONNECTION",
+          value_parser = parse_size)]
+    pub grpc_unfinished_bytes_per_connection: Option<usize>,
+    /// The most bytes of request messages still arriving on all gRPC connections together; the
+    /// call that would pass it is answered RESOURCE_EXHAUSTED [default: 64MiB].
+    #[arg(long, env = "TOLLGATE_GRPC_UNFINISHED_BYTES", value_parser = parse_size)]
+    pub grpc_unfinished_bytes: Option<usize>,
+    /// How long a gRPC connection may stay open without sending a request before it is closed
+    /// [default: 30s].
+    #[arg(long, env = "TOLLGATE_GRPC_FIRST_REQUEST_TIMEOUT",
+          value_parser = parse_positive_duration)]
+    pub grpc_first_request_timeout: Option<Duration>,
+    /// How long an admin (debug, metrics) connection may take to send a request's headers, from
+    /// its start or its previous answer, and then its body; past it the connection is closed
+    /// [default: 10s].
+    #[arg(long, env = "TOLLGATE_ADMIN_HEADER_READ_TIMEOUT",
+          value_parser = parse_positive_duration)]
+    pub admin_header_read_timeout: Option<Duration>,
+    /// The most connections open at once on the admin listener (and on each of the debug and
+    /// metrics listeners); past it new ones wait in the kernel's backlog [default: 256].
+    #[arg(long, env = "TOLLGATE_ADMIN_MAX_CONNECTIONS")]
+    pub admin_max_connections: Option<NonZeroUsize>,
     /// Serve ShouldRateLimit on the hand-written gRPC path; `false` serves every call through
     /// tonic's generated service instead (the same answers, at some CPU per call), for a tonic
     /// upgrade or a fault suspected in the fast path [default: true].
@@ -284,6 +316,16 @@ pub struct Flags {
     /// Log format [default: text; also LOG_FORMAT].
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+}
+
+/// Reads a duration above zero (the bounds' timeouts), as `humantime` writes them (`10s`,
+/// `1m30s`, `500ms`).
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|err| err.to_string())?;
+    if duration.is_zero() {
+        return Err(format!("{:?} is not above zero", text.trim()));
+    }
+    Ok(duration)
 }
 
 /// Reads a size in bytes (`--memory-budget`): a number with an optional unit (`B`, `KiB`, `MiB`,

@@ -771,3 +771,75 @@ fn rust_log_applies_unless_a_level_is_given_and_a_bad_one_is_a_notice() {
         rejected.notices
     );
 }
+
+#[test]
+fn the_bounds_default_to_the_documented_values_and_take_their_flags() {
+    let settings = resolve(Entry::Tollgate, &config_flag(), &[]).unwrap();
+    let bounds = settings.bounds;
+    assert_eq!(bounds.grpc_max_concurrent_streams, 1024);
+    assert_eq!(bounds.grpc_body_timeout, Duration::from_secs(10));
+    assert_eq!(bounds.grpc_unfinished_bytes_per_connection, 8 << 20);
+    assert_eq!(bounds.grpc_unfinished_bytes, 64 << 20);
+    assert_eq!(bounds.grpc_first_request_timeout, Duration::from_secs(30));
+    assert_eq!(bounds.admin_header_read_timeout, Duration::from_secs(10));
+    assert_eq!(bounds.admin_max_connections, 256);
+
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        flags: Flags,
+    }
+    let parse = |args: &[&str]| <Serve as clap::Parser>::try_parse_from(args).map(|s| s.flags);
+    let flags = parse(&[
+        "serve",
+        "--config",
+        "examples/",
+        "--grpc-max-concurrent-streams",
+        "16",
+        "--grpc-body-timeout",
+        "2s",
+        "--grpc-unfinished-bytes-per-connection",
+        "1MiB",
+        "--grpc-unfinished-bytes",
+        "4MiB",
+        "--grpc-first-request-timeout",
+        "1s",
+        "--admin-header-read-timeout",
+        "500ms",
+        "--admin-max-connections",
+        "8",
+    ])
+    .unwrap();
+    let bounds = resolve(Entry::Tollgate, &flags, &[]).unwrap().bounds;
+    assert_eq!(
+        bounds,
+        crate::server::Bounds {
+            grpc_max_concurrent_streams: 16,
+            grpc_body_timeout: Duration::from_secs(2),
+            grpc_unfinished_bytes_per_connection: 1 << 20,
+            grpc_unfinished_bytes: 4 << 20,
+            grpc_first_request_timeout: Duration::from_secs(1),
+            admin_header_read_timeout: Duration::from_millis(500),
+            admin_max_connections: 8,
+        }
+    );
+
+    for (flag, value) in [
+        ("--grpc-body-timeout", "0s"),
+        ("--grpc-max-concurrent-streams", "0"),
+        ("--admin-max-connections", "0"),
+    ] {
+        assert!(
+            parse(&["serve", flag, value]).is_err(),
+            "{flag} {value} is refused"
+        );
+    }
+    let flags = Flags {
+        grpc_unfinished_bytes: Some(0),
+        ..config_flag()
+    };
+    let error = resolve(Entry::Tollgate, &flags, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("--grpc-unfinished-bytes"), "{error}");
+}

@@ -3,6 +3,7 @@
 //! deployment examples, envoyproxy/ratelimit's own test material, and every command the README
 //! and docs/ show.
 //!
+//! - [`bounds`]: what a hostile client can hold: stalled streams, silent connections, files;
 //! - [`service`]: tollgate from the outside: the command line, the admin interface, grpcurl;
 //! - [`compat`]: envoyproxy/ratelimit's test material, as a user switching over would try it;
 //! - [`settings`]: start-up settings at the binary's edge, the reference's variables among them;
@@ -18,6 +19,7 @@
 //!
 //! One binary, because each test binary links the whole tree.
 
+mod bounds;
 mod compat;
 mod deploy;
 mod docs;

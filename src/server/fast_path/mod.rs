@@ -30,7 +30,10 @@
 //! - [ ] tonic's own server layers wrap this service as they wrap the router, so they are not
 //!   reproduced but inherited: the `grpc-timeout` deadline (the call's future dropped and the
 //!   call answered `CANCELLED`, "Timeout expired"), the connection's HTTP/2 settings, connection
-//!   ages, and the connect-info extension (which neither path reads).
+//!   ages, and the connect-info extension (which only [`super::bounds`] reads).
+//! - [ ] Both paths read the request body through [`super::bounds::BoundedBody`]: a body past
+//!   `--grpc-unfinished-bytes*` or `--grpc-body-timeout` fails with `RESOURCE_EXHAUSTED` or
+//!   `DEADLINE_EXCEEDED`, answered as the call's status like any error of the body (below).
 //!
 //! Request ([`unary`]):
 //! - [ ] `grpc-encoding` other than `identity`: `UNIMPLEMENTED`, "Content is compressed with
