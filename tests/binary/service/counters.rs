@@ -35,17 +35,7 @@ fn post(tollgate: &Tollgate, path: &str, body: &str) -> Reply {
 
 /// A request for `edge` with one descriptor per entry list, as proto3 JSON.
 fn request(descriptors: &[&[(&str, &str)]]) -> String {
-    let descriptors: Vec<Value> = descriptors
-        .iter()
-        .map(|entries| {
-            let entries: Vec<Value> = entries
-                .iter()
-                .map(|(key, value)| json!({"key": key, "value": value}))
-                .collect();
-            json!({ "entries": entries })
-        })
-        .collect();
-    json!({"domain": "edge", "descriptors": descriptors}).to_string()
+    super::admin::request("edge", descriptors).to_string()
 }
 
 /// POSTs `body` to `path`, which must answer 200 with JSON.
