@@ -113,7 +113,7 @@ pub fn reload<B: Backend>(
                 tracing::warn!("{warning}");
             }
             log_skipped(&config);
-            log_dropped(&limiter.config(), &config, source);
+            log_dropped(&limiter.config(), &config, &source.describe());
             limiter.set_config(Arc::new(config));
             tracing::info!(source = %source.describe(), "config reloaded");
             true
@@ -130,8 +130,8 @@ const NAMED_DROPPED: usize = 20;
 
 /// Says at WARN which limits of `old` the reload to `new` drops: a file cut short that is still
 /// valid YAML, or a policy removed by mistake, takes limits away, and their requests are
-/// allowed from then on.
-fn log_dropped(old: &crate::config::Config, new: &crate::config::Config, source: &FileSource) {
+/// allowed from then on. `source` names where `new` came from (a path, an xDS server).
+pub(super) fn log_dropped(old: &crate::config::Config, new: &crate::config::Config, source: &str) {
     let dropped = old.dropped_limits(new);
     if dropped.is_empty() {
         return;
@@ -149,11 +149,15 @@ fn log_dropped(old: &crate::config::Config, new: &crate::config::Config, source:
         String::new()
     };
     tracing::warn!(
-        source = %source.describe(),
+        source,
         dropped = dropped.len(),
         "config reload drops {} {}, whose requests are no longer limited: {named}{more}",
         dropped.len(),
-        if dropped.len() == 1 { "limit" } else { "limits" }
+        if dropped.len() == 1 {
+            "limit"
+        } else {
+            "limits"
+        }
     );
 }
 

@@ -51,6 +51,11 @@ impl<B: Backend> Events for Feed<B> {
     async fn accepted(&self, update: Accepted) {
         let domains = update.config.len();
         let hash = update.config.content_hash();
+        super::reload::log_dropped(
+            &self.app.limiter.config(),
+            &update.config,
+            &self.origin(&format!("version={:?}", update.version)),
+        );
         self.app.limiter.set_config(Arc::new(update.config));
         self.app.metrics.observe_config_load(Ok(&hash), update.at);
         self.app

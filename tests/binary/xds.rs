@@ -469,8 +469,8 @@ fn a_server_that_resends_a_refused_push_is_refused_again() {
     assert_eq!(tollgate.log().matches("push refused (NACK)").count(), 1);
 }
 
-/// Each push is the whole set: a domain missing from it is removed. Counters of the domains
-/// that stay survive the update.
+/// Each push is the whole set: a domain missing from it is removed, and its limits named at
+/// WARN. Counters of the domains that stay survive the update.
 #[test]
 fn a_domain_missing_from_a_push_is_removed_and_counters_survive() {
     let server = management_server();
@@ -514,6 +514,16 @@ fn a_domain_missing_from_a_push_is_removed_and_counters_survive() {
     let rlconfig = get(&tollgate, "/rlconfig").body;
     assert!(!rlconfig.contains("internal"), "{rlconfig}");
     assert!(rlconfig.contains("edge.user"), "{rlconfig}");
+    // Limits a push takes away are said at WARN, by name, as a file reload says them.
+    let log = tollgate.log();
+    let warned = log
+        .lines()
+        .find(|line| line.contains("config reload drops 1 limit"))
+        .unwrap_or_else(|| panic!("no warning of the dropped limit:\n{log}"));
+    assert!(
+        warned.contains("WARN") && warned.contains("internal.service"),
+        "{warned}"
+    );
 }
 
 /// The stream dropped, then the server gone and back: tollgate keeps serving what it has,
