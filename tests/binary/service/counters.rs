@@ -291,17 +291,17 @@ fn the_cli_reads_and_resets_a_client_in_redis() {
         &url,
         "--key-prefix",
         &prefix,
-        "--domain",
-        "edge",
     ];
-    let run = |command: &str, descriptors: &[&str]| {
+    let run_for = |domain: &str, command: &str, descriptors: &[&str]| {
         let mut args = vec!["counters", command];
         args.extend(store);
+        args.extend(["--domain", domain]);
         for descriptor in descriptors {
             args.extend(["--descriptor", descriptor]);
         }
         tollgate_cli(&args)
     };
+    let run = |command: &str, descriptors: &[&str]| run_for("edge", command, descriptors);
     let json_of = |out: &Output| -> Value {
         assert!(
             out.status.success(),
@@ -350,22 +350,7 @@ fn the_cli_reads_and_resets_a_client_in_redis() {
             "{bad}: {out:?}"
         );
     }
-    let out = tollgate_cli(&[
-        "counters",
-        "reset",
-        "--config",
-        &config,
-        "--backend",
-        "redis",
-        "--redis-url",
-        &url,
-        "--key-prefix",
-        &prefix,
-        "--domain",
-        "",
-        "--descriptor",
-        "user=carol",
-    ]);
+    let out = run_for("", "reset", &["user=carol"]);
     assert!(!out.status.success(), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("domain must not be empty"),
